@@ -1,0 +1,153 @@
+// sdpa: exact scaled dot-product attention on the CPU.
+//
+//   out = softmax(query @ key^T * scale + mask) @ value
+//
+// with the semantics of PyTorch's torch.nn.functional.scaled_dot_product_attention.
+//
+// Shape glossary (used everywhere in this project):
+//   ...  leading batch dimensions, identical on query, key and value (may be none)
+//   B    product of the leading batch dimensions (1 when there are none)
+//   Hq   query heads      (dimension -3 of query; 1 for rank-2 inputs)
+//   Hkv  key/value heads  (dimension -3 of key and value; 1 for rank-2 inputs)
+//   L    query length     (target sequence)
+//   S    key/value length (source sequence)
+//   E    query/key feature size
+//   Ev   value feature size
+//
+//   query (..., Hq, L, E)    key (..., Hkv, S, E)    value (..., Hkv, S, Ev)
+//   out   (..., Hq, L, Ev)   lse (..., Hq, L)        mask broadcastable to (..., Hq, L, S)
+//
+// Semantics:
+//   - scale defaults to 1/sqrt(E); any finite value may be given; NaN or +-inf is rejected.
+//   - mask: boolean (true = the key takes part) or floating (added to the scaled scores;
+//     -inf allowed). It broadcasts to (..., Hq, L, S) by NumPy's rules.
+//   - causal: Causal::upper_left keeps key s for query l when s <= l (PyTorch's is_causal,
+//     tril(ones(L, S))); Causal::lower_right keeps s <= l + (S - L) (FlashAttention's,
+//     tril(ones(L, S), S - L)). Causal combines with a mask (both must allow a key).
+//   - grouped-query attention: without enable_gqa, Hq must equal Hkv. With it, Hq must be a
+//     multiple of Hkv and query head h reads key/value head h / (Hq / Hkv) (PyTorch's
+//     repeat_interleave).
+//   - lse[..., h, l] = log(sum_s exp(score[l, s])) with score = scale * q.k + mask (natural log).
+//   - a row whose every key is masked gives out = 0, lse = -inf and zero gradients, never NaN.
+//     (PyTorch 1.13 returns NaN for such rows.) A masked-out key is skipped entirely, so a NaN
+//     or inf stored at a masked-out position of key or value never reaches the output; a query
+//     row that sees no key produces zeros whatever its values.
+//   - backward uses dS = P * (dP - rowsum(dout * out)), O(S) per row; the O(S^2) softmax
+//     Jacobian is never formed.
+//
+// Errors: every function throws sdpa::Error (a std::invalid_argument) whose message names the
+// argument, what was expected and what was given. Nothing is written to outputs on error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sdpa {
+
+/// The project's version, "MAJOR.MINOR.PATCH".
+const char* version();
+
+/// Thrown for every invalid argument; the message says which argument, what was expected and
+/// what was found.
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class DType : std::uint8_t { float32, float64, boolean };
+
+/// "float32", "float64" or "bool".
+const char* dtype_name(DType dtype);
+/// Bytes per element: 4, 8 or 1.
+std::size_t dtype_size(DType dtype);
+
+/// A read-only, C-contiguous tensor owned by someone else.
+struct TensorRef {
+  const void* data = nullptr;
+  DType dtype = DType::float32;
+  std::vector<std::int64_t> shape;
+
+  std::int64_t numel() const;
+};
+
+/// A writable, C-contiguous tensor owned by someone else.
+struct MutableTensorRef {
+  void* data = nullptr;
+  DType dtype = DType::float32;
+  std::vector<std::int64_t> shape;
+
+  std::int64_t numel() const;
+  operator TensorRef() const { return TensorRef{data, dtype, shape}; }  // NOLINT
+};
+
+enum class Causal : std::uint8_t { none, upper_left, lower_right };
+
+/// Which implementation serves a call.
+///   fast:      the fused, tiled, online-softmax SIMD kernel (the default).
+///   reference: float64 accumulation, readable, the oracle every other path is tested against.
+///   naive:     a plain three-pass baseline (matmul, softmax, matmul) in the input precision,
+///              materialising L x S; kept for benchmarks and accuracy baselines.
+enum class Impl : std::uint8_t { fast, reference, naive };
+
+/// "none", "upper-left", "lower-right"; parse_causal accepts the same spellings.
+const char* causal_name(Causal causal);
+Causal parse_causal(const std::string& text);
+/// "fast", "reference", "naive"; parse_impl accepts the same spellings.
+const char* impl_name(Impl impl);
+Impl parse_impl(const std::string& text);
+
+struct AttentionOptions {
+  std::optional<double> scale;  ///< default 1/sqrt(E)
+  Causal causal = Causal::none;
+  bool enable_gqa = false;
+  Impl impl = Impl::fast;
+  int threads = 0;  ///< 0: one per core of this machine; otherwise 1..1024
+};
+
+/// Number of threads a call with `threads` would use (resolves 0 to the core count).
+int resolve_threads(int threads);
+
+/// The shapes of `out` and `lse` for these inputs; validates like attention_forward.
+std::vector<std::int64_t> attention_output_shape(const TensorRef& query, const TensorRef& key,
+                                                 const TensorRef& value,
+                                                 const AttentionOptions& options);
+std::vector<std::int64_t> attention_lse_shape(const TensorRef& query);
+
+/// out (and lse when given) from query, key, value and an optional mask (nullptr for none).
+/// query, key and value share one dtype (float32 or float64); out and lse have that dtype.
+void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
+                       const TensorRef* mask, const AttentionOptions& options,
+                       const MutableTensorRef& out, const MutableTensorRef* lse = nullptr);
+
+/// Gradients of sum(out * grad_out) with respect to query, key and value. `out` and `lse` are
+/// the forward's results for the same inputs and options. The reference implementation
+/// recomputes them in float64 from the inputs (it is the oracle) and only checks their shapes.
+void attention_backward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
+                        const TensorRef* mask, const TensorRef& out, const TensorRef& lse,
+                        const TensorRef& grad_out, const AttentionOptions& options,
+                        const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
+                        const MutableTensorRef& grad_value);
+
+// ---- Numerically stable softmax on one row -------------------------------------------------
+// These accumulate in float64 whatever T is. softmax(c * x): the max is subtracted before exp,
+// so nothing overflows for finite logits (|x| up to 1e30 and beyond, as long as scale * x is
+// finite in float64). Entries equal to -inf get probability 0; a row that is all -inf gives all
+// zeros (log_softmax: all -inf). If some entries are +inf, the probability is shared equally
+// among them. NaN in, NaN out.
+
+template <class T>
+void softmax(std::span<const T> logits, std::span<T> probabilities, double scale = 1.0);
+template <class T>
+void log_softmax(std::span<const T> logits, std::span<T> log_probabilities, double scale = 1.0);
+/// grad_logits = p * (grad_p - sum(p * grad_p)) for p = softmax(x): the vector-Jacobian product
+/// of softmax (times `scale` if the softmax was of scale * x).
+template <class T>
+void softmax_backward(std::span<const T> probabilities, std::span<const T> grad_probabilities,
+                      std::span<T> grad_logits, double scale = 1.0);
+
+}  // namespace sdpa

@@ -1,0 +1,167 @@
+// The public attention calls: validate once, then hand the resolved problem to one
+// implementation.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <thread>
+
+#include "core/problem.h"
+#include "kernels/kernels.h"
+#include "reference/reference.h"
+#include "sdpa/array.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa {
+
+const char* version() { return SDPA_VERSION; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return "float32";
+    case DType::float64:
+      return "float64";
+    case DType::boolean:
+      return "bool";
+  }
+  return "?";
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return 4;
+    case DType::float64:
+      return 8;
+    case DType::boolean:
+      return 1;
+  }
+  return 1;
+}
+
+namespace {
+std::int64_t product(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+std::int64_t TensorRef::numel() const { return product(shape); }
+std::int64_t MutableTensorRef::numel() const { return product(shape); }
+
+const char* causal_name(Causal causal) {
+  switch (causal) {
+    case Causal::none:
+      return "none";
+    case Causal::upper_left:
+      return "upper-left";
+    case Causal::lower_right:
+      return "lower-right";
+  }
+  return "?";
+}
+
+Causal parse_causal(const std::string& text) {
+  if (text == "none") return Causal::none;
+  if (text == "upper-left") return Causal::upper_left;
+  if (text == "lower-right") return Causal::lower_right;
+  throw Error(fmt::format("causal: expected none, upper-left or lower-right, got '{}'", text));
+}
+
+const char* impl_name(Impl impl) {
+  switch (impl) {
+    case Impl::fast:
+      return "fast";
+    case Impl::reference:
+      return "reference";
+    case Impl::naive:
+      return "naive";
+  }
+  return "?";
+}
+
+Impl parse_impl(const std::string& text) {
+  if (text == "fast") return Impl::fast;
+  if (text == "reference") return Impl::reference;
+  if (text == "naive") return Impl::naive;
+  throw Error(fmt::format("impl: expected fast, reference or naive, got '{}'", text));
+}
+
+int resolve_threads(int threads) {
+  constexpr int kMaxThreads = 1024;
+  if (threads < 0 || threads > kMaxThreads) {
+    throw Error(fmt::format("threads: expected 0 (one per core) or 1..{}, got {}", kMaxThreads,
+                            threads));
+  }
+  if (threads > 0) return threads;
+  const int cores = omp_get_num_procs();
+  return cores > 0 ? cores : 1;
+}
+
+std::vector<std::int64_t> attention_output_shape(const TensorRef& query, const TensorRef& key,
+                                                 const TensorRef& value,
+                                                 const AttentionOptions& options) {
+  const detail::Problem p = detail::resolve_problem(query, key, value, nullptr, options);
+  std::vector<std::int64_t> shape = query.shape;
+  shape.back() = p.Ev;
+  return shape;
+}
+
+std::vector<std::int64_t> attention_lse_shape(const TensorRef& query) {
+  return std::vector<std::int64_t>(query.shape.begin(), query.shape.end() - 1);
+}
+
+void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
+                       const TensorRef* mask, const AttentionOptions& options,
+                       const MutableTensorRef& out, const MutableTensorRef* lse) {
+  const detail::Problem p = detail::resolve_problem(query, key, value, mask, options);
+  std::vector<std::int64_t> out_shape = query.shape;
+  out_shape.back() = p.Ev;
+  detail::check_tensor(out, p.dtype, out_shape, "out");
+  if (lse != nullptr) detail::check_tensor(*lse, p.dtype, attention_lse_shape(query), "lse");
+  void* lse_data = lse != nullptr ? lse->data : nullptr;
+  switch (options.impl) {
+    case Impl::reference:
+      detail::reference_forward(p, out.data, lse_data);
+      break;
+    case Impl::fast:
+      detail::fast_forward(p, out.data, lse_data);
+      break;
+    case Impl::naive:
+      detail::naive_forward(p, out.data, lse_data);
+      break;
+  }
+}
+
+void attention_backward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
+                        const TensorRef* mask, const TensorRef& out, const TensorRef& lse,
+                        const TensorRef& grad_out, const AttentionOptions& options,
+                        const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
+                        const MutableTensorRef& grad_value) {
+  const detail::Problem p = detail::resolve_problem(query, key, value, mask, options);
+  std::vector<std::int64_t> out_shape = query.shape;
+  out_shape.back() = p.Ev;
+  detail::check_tensor(out, p.dtype, out_shape, "out");
+  detail::check_tensor(lse, p.dtype, attention_lse_shape(query), "lse");
+  detail::check_tensor(grad_out, p.dtype, out_shape, "grad_out");
+  detail::check_tensor(grad_query, p.dtype, query.shape, "grad_query");
+  detail::check_tensor(grad_key, p.dtype, key.shape, "grad_key");
+  detail::check_tensor(grad_value, p.dtype, value.shape, "grad_value");
+  switch (options.impl) {
+    case Impl::reference:
+      detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data,
+                                 grad_value.data);
+      break;
+    case Impl::fast:
+      detail::fast_backward(p, out.data, lse.data, grad_out.data, grad_query.data, grad_key.data,
+                            grad_value.data);
+      break;
+    case Impl::naive:
+      detail::naive_backward(p, out.data, lse.data, grad_out.data, grad_query.data,
+                             grad_key.data, grad_value.data);
+      break;
+  }
+}
+
+}  // namespace sdpa

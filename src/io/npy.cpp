@@ -1,0 +1,324 @@
+// NumPy .npy reading and writing.
+// Format: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html
+//   "\x93NUMPY" major minor, header length (uint16 LE in v1, uint32 LE in v2/v3), then an ASCII
+//   (v3: UTF-8) Python dict literal {'descr': ..., 'fortran_order': ..., 'shape': (...), }
+//   padded with spaces and a final '\n', then the raw data.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "sdpa/array.h"
+
+namespace sdpa {
+namespace {
+
+class File {
+ public:
+  explicit File(FILE* f) : f_(f) {}
+  ~File() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  FILE* get() const { return f_; }
+
+ private:
+  FILE* f_;
+};
+
+// A tiny parser for the header dict, strict about what NumPy writes.
+class HeaderParser {
+ public:
+  HeaderParser(std::string text, std::string path) : s_(std::move(text)), path_(std::move(path)) {}
+
+  void parse(std::string& descr, bool& fortran, std::vector<std::int64_t>& shape) {
+    bool have_descr = false, have_fortran = false, have_shape = false;
+    skip();
+    expect('{');
+    for (;;) {
+      skip();
+      if (peek() == '}') {
+        ++i_;
+        break;
+      }
+      const std::string key = string_literal();
+      skip();
+      expect(':');
+      skip();
+      if (key == "descr") {
+        descr = string_literal();
+        have_descr = true;
+      } else if (key == "fortran_order") {
+        fortran = boolean();
+        have_fortran = true;
+      } else if (key == "shape") {
+        shape = tuple();
+        have_shape = true;
+      } else {
+        fail(fmt::format("unexpected key '{}'", key));
+      }
+      skip();
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      skip();
+      expect('}');
+      break;
+    }
+    if (!have_descr || !have_fortran || !have_shape) {
+      fail("expected the keys 'descr', 'fortran_order' and 'shape'");
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("{}: malformed .npy header ({}): {}", path_, what, s_.substr(0, 200)));
+  }
+  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  void skip() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n')) ++i_;
+  }
+  void expect(char c) {
+    if (peek() != c) fail(fmt::format("expected '{}' at offset {}", c, i_));
+    ++i_;
+  }
+  std::string string_literal() {
+    const char quote = peek();
+    if (quote != '\'' && quote != '"') fail(fmt::format("expected a string at offset {}", i_));
+    ++i_;
+    const std::size_t end = s_.find(quote, i_);
+    if (end == std::string::npos) fail("unterminated string");
+    std::string out = s_.substr(i_, end - i_);
+    i_ = end + 1;
+    return out;
+  }
+  bool boolean() {
+    if (s_.compare(i_, 4, "True") == 0) {
+      i_ += 4;
+      return true;
+    }
+    if (s_.compare(i_, 5, "False") == 0) {
+      i_ += 5;
+      return false;
+    }
+    fail("expected True or False for 'fortran_order'");
+  }
+  std::vector<std::int64_t> tuple() {
+    std::vector<std::int64_t> out;
+    expect('(');
+    for (;;) {
+      skip();
+      if (peek() == ')') {
+        ++i_;
+        return out;
+      }
+      if (peek() < '0' || peek() > '9') fail(fmt::format("expected a dimension at offset {}", i_));
+      std::int64_t v = 0;
+      while (peek() >= '0' && peek() <= '9') {
+        const int digit = peek() - '0';
+        if (v > (std::numeric_limits<std::int64_t>::max() - digit) / 10) {
+          throw Error(fmt::format("{}: .npy shape has a dimension that overflows 64 bits", path_));
+        }
+        v = v * 10 + digit;
+        ++i_;
+      }
+      if (peek() == 'L') ++i_;  // Python 2 long suffix
+      out.push_back(v);
+      if (out.size() > 32) fail("more than 32 dimensions");
+      skip();
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      skip();
+      expect(')');
+      return out;
+    }
+  }
+
+  std::string s_;
+  std::string path_;
+  std::size_t i_ = 0;
+};
+
+std::string descr_for(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return "<f4";
+    case DType::float64:
+      return "<f8";
+    case DType::boolean:
+      return "|b1";
+  }
+  return "";
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Writes `tensor` to a fresh temporary file beside `path`; returns the temporary's name.
+std::string write_temporary(const std::string& path, const TensorRef& tensor) {
+  const std::int64_t n = checked_numel(tensor.shape, dtype_size(tensor.dtype), path);
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+                                 descr_for(tensor.dtype), shape_string(tensor.shape));
+  // Pad so that the data starts at a multiple of 64 bytes; the header ends with '\n'.
+  int version = 1;
+  std::size_t prefix = 10;
+  if (dict.size() + 1 + prefix > 65535) {
+    version = 2;
+    prefix = 12;
+  }
+  const std::size_t total = ((prefix + dict.size() + 1 + 63) / 64) * 64;
+  dict.append(total - prefix - dict.size() - 1, ' ');
+  dict.push_back('\n');
+
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) {
+    throw Error(fmt::format("{}: cannot create the output file: {}", path, errno_text()));
+  }
+  ::fchmod(fd, 0644);  // mkstemp creates 0600; outputs are ordinary files
+  File f(fdopen(fd, "wb"));
+  bool ok = f.get() != nullptr;
+  if (ok) {
+    std::string magic("\x93NUMPY", 6);
+    magic.push_back(static_cast<char>(version));
+    magic.push_back('\0');
+    const std::uint32_t len = static_cast<std::uint32_t>(dict.size());
+    if (version == 1) {
+      magic.push_back(static_cast<char>(len & 0xff));
+      magic.push_back(static_cast<char>(len >> 8));
+    } else {
+      for (int i = 0; i < 4; ++i) magic.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+    }
+    ok = std::fwrite(magic.data(), 1, magic.size(), f.get()) == magic.size() &&
+         std::fwrite(dict.data(), 1, dict.size(), f.get()) == dict.size();
+    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(tensor.dtype);
+    if (ok && bytes > 0) ok = std::fwrite(tensor.data, 1, bytes, f.get()) == bytes;
+    ok = ok && std::fflush(f.get()) == 0;
+  } else {
+    ::close(fd);
+  }
+  if (!ok) {
+    const std::string why = errno_text();
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot write the output file: {}", path, why));
+  }
+  return tmp;
+}
+
+}  // namespace
+
+Array read_npy(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (f.get() == nullptr) {
+    throw Error(fmt::format("{}: cannot open for reading: {}", path, errno_text()));
+  }
+  struct stat st {};
+  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw Error(fmt::format("{}: expected a regular .npy file", path));
+  }
+  const std::int64_t file_size = st.st_size;
+  unsigned char magic[8];
+  if (std::fread(magic, 1, 8, f.get()) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) {
+    throw Error(fmt::format("{}: not a .npy file (expected the magic string \\x93NUMPY)", path));
+  }
+  const int major = magic[6];
+  if (major < 1 || major > 3) {
+    throw Error(fmt::format("{}: unsupported .npy format version {}.{} (expected 1, 2 or 3)", path,
+                            major, int(magic[7])));
+  }
+  std::uint32_t header_len = 0;
+  unsigned char len_bytes[4] = {0, 0, 0, 0};
+  const std::size_t len_size = major == 1 ? 2 : 4;
+  if (std::fread(len_bytes, 1, len_size, f.get()) != len_size) {
+    throw Error(fmt::format("{}: truncated .npy header", path));
+  }
+  for (std::size_t i = 0; i < len_size; ++i) header_len |= std::uint32_t(len_bytes[i]) << (8 * i);
+  const std::int64_t data_offset = 8 + static_cast<std::int64_t>(len_size) + header_len;
+  if (data_offset > file_size) {
+    throw Error(fmt::format("{}: truncated .npy header (header length {} but the file has {} bytes)",
+                            path, header_len, file_size));
+  }
+  std::string header(header_len, '\0');
+  if (header_len > 0 && std::fread(header.data(), 1, header_len, f.get()) != header_len) {
+    throw Error(fmt::format("{}: truncated .npy header", path));
+  }
+  std::string descr;
+  bool fortran = false;
+  std::vector<std::int64_t> shape;
+  HeaderParser(header, path).parse(descr, fortran, shape);
+  DType dtype;
+  if (descr == "<f4") {
+    dtype = DType::float32;
+  } else if (descr == "<f8") {
+    dtype = DType::float64;
+  } else if (descr == "|b1") {
+    dtype = DType::boolean;
+  } else {
+    throw Error(fmt::format(
+        "{}: unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8' or bool "
+        "'|b1')",
+        path, descr));
+  }
+  if (fortran) {
+    throw Error(fmt::format("{}: Fortran-order arrays are not supported (expected C order); save "
+                            "with numpy.ascontiguousarray",
+                            path));
+  }
+  const std::int64_t n = checked_numel(shape, dtype_size(dtype), path);
+  const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t available = file_size - data_offset;
+  if (available != bytes) {
+    throw Error(fmt::format(
+        "{}: the header promises shape {} of {} ({} bytes of data) but the file holds {} bytes "
+        "after the header ({})",
+        path, shape_string(shape), dtype_name(dtype), bytes, available,
+        available < bytes ? "truncated" : "trailing bytes"));
+  }
+  Array out(dtype, shape);
+  if (bytes > 0 && std::fread(out.data(), 1, static_cast<std::size_t>(bytes), f.get()) !=
+                       static_cast<std::size_t>(bytes)) {
+    throw Error(fmt::format("{}: could not read {} bytes of data", path, bytes));
+  }
+  if (dtype == DType::boolean) {
+    auto* b = out.data_as<std::uint8_t>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (b[i] > 1) {
+        throw Error(fmt::format("{}: bool array holds byte {} at index {} (expected 0 or 1)", path,
+                                int(b[i]), i));
+      }
+    }
+  }
+  return out;
+}
+
+void write_npy_all(const std::vector<std::pair<std::string, TensorRef>>& files) {
+  std::vector<std::string> temps;
+  try {
+    for (const auto& [path, tensor] : files) temps.push_back(write_temporary(path, tensor));
+  } catch (...) {
+    for (const auto& t : temps) std::remove(t.c_str());
+    throw;
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (std::rename(temps[i].c_str(), files[i].first.c_str()) != 0) {
+      const std::string why = errno_text();
+      for (std::size_t j = i; j < temps.size(); ++j) std::remove(temps[j].c_str());
+      throw Error(fmt::format("{}: cannot move the finished file into place: {}", files[i].first,
+                              why));
+    }
+  }
+}
+
+void write_npy(const std::string& path, const TensorRef& tensor) {
+  write_npy_all({{path, tensor}});
+}
+
+}  // namespace sdpa

@@ -1,0 +1,18 @@
+// Entry points of the fast implementations, called by src/attention.cpp after validation.
+// Shapes and layout: see core/problem.h. Pointers are of dtype p.dtype; lse may be null in
+// fast_forward. The contracts of each kernel are written above its definition.
+#pragma once
+
+#include "core/problem.h"
+
+namespace sdpa::detail {
+
+void fast_forward(const Problem& p, void* out, void* lse);
+void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
+                   void* dq, void* dk, void* dv);
+
+void naive_forward(const Problem& p, void* out, void* lse);
+void naive_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
+                    void* dq, void* dk, void* dv);
+
+}  // namespace sdpa::detail

@@ -1,0 +1,31 @@
+// The reference attention: the oracle of this project.
+//
+// What it is for: every fast path, every lab experiment and every test compares against it.
+// It is written to be read, not to be fast: one query row at a time, two passes over the keys.
+//
+// Contract:
+//   - inputs float32 or float64; every product and sum is accumulated in float64 and rounded to
+//     the output dtype once at the end. For float64 inputs the result is within a few ULP of the
+//     exact value times the condition number of the sum; for float32 inputs out is the correctly
+//     computed float64 result rounded once (error <= 0.5 ULP of float32 plus the float64 error).
+//   - memory: O(S) scratch per row; the L x S matrix is never formed.
+//   - a key is visible to query l iff the causal rule allows it and the mask's additive value
+//     is not -inf; invisible keys are skipped (their q.k, k and v are never read into a sum).
+//     A row without any visible key gives out = 0, lse = -inf, zero gradients.
+//   - backward recomputes the forward in float64 from the inputs (the `out`/`lse` a caller has
+//     are not trusted), then dS = P * (dP - D), D = rowsum(dout * out), per row.
+//   - deterministic and identical for any thread count: each output element is written by one
+//     thread, in a fixed order of summation.
+#pragma once
+
+#include "core/problem.h"
+
+namespace sdpa::detail {
+
+/// out [B][Hq][L][Ev], lse [B][Hq][L] (nullable), of dtype p.dtype.
+void reference_forward(const Problem& p, void* out, void* lse);
+
+/// grad_out [B][Hq][L][Ev] -> dq [B][Hq][L][E], dk [B][Hkv][S][E], dv [B][Hkv][S][Ev].
+void reference_backward(const Problem& p, const void* grad_out, void* dq, void* dk, void* dv);
+
+}  // namespace sdpa::detail

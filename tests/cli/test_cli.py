@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Smoke tests of the `sdpa` program's attention and softmax commands (exit codes, messages,
+outputs). Runs with the binary in $SDPA; needs numpy only."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SDPA = os.environ.get("SDPA", "sdpa")
+failures = []
+
+
+def run(*args):
+    return subprocess.run([SDPA, *args], capture_output=True, text=True)
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def softmax_ref(s):
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    return p / p.sum(-1, keepdims=True)
+
+
+with tempfile.TemporaryDirectory() as d:
+    p = lambda name: os.path.join(d, name)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        np.save(p(name + ".npy"), a)
+
+    r = run("attention", "--query", p("q.npy"), "--key", p("k.npy"), "--value", p("v.npy"),
+            "--out", p("o.npy"), "--lse", p("lse.npy"), "--impl", "reference")
+    check(r.returncode == 0, f"attention exit 0, got {r.returncode}: {r.stderr}")
+    if r.returncode == 0:
+        s = np.einsum("bhle,bhse->bhls", q.astype(np.float64), k.astype(np.float64)) / 2.0
+        expect = softmax_ref(s) @ v.astype(np.float64)
+        out = np.load(p("o.npy"))
+        check(out.dtype == np.float32, "out has the query's dtype")
+        check(np.abs(out - expect).max() < 1e-5, "attention matches numpy")
+        lse = np.load(p("lse.npy"))
+        check(lse.shape == (2, 3, 5), "lse shape")
+
+    # backward writes all gradients
+    dout = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    np.save(p("do.npy"), dout)
+    r = run("attention", "--query", p("q.npy"), "--key", p("k.npy"), "--value", p("v.npy"),
+            "--out", p("o2.npy"), "--grad-output", p("do.npy"), "--grad-query", p("dq.npy"),
+            "--grad-key", p("dk.npy"), "--grad-value", p("dv.npy"))
+    check(r.returncode == 0 and os.path.exists(p("dk.npy")), f"backward runs: {r.stderr}")
+
+    # bad input: exit 2, message names the argument, nothing written
+    np.save(p("k_bad.npy"), k[:, :2])
+    bad = [
+        (["--key", p("k_bad.npy")], "key"),
+        (["--scale", "nan"], "scale"),
+        (["--scale", "abc"], "scale"),
+        (["--threads", "-3"], "threads"),
+        (["--causal", "diagonal"], "causal"),
+        (["--impl", "gpu"], "impl"),
+        (["--out", p("q.npy")], "--out"),
+        (["--out", p("nodir/o.npy")], "--out"),
+        (["--grad-output", p("do.npy")], "--grad-output"),
+    ]
+    for extra, name in bad:
+        base = {"--query": p("q.npy"), "--key": p("k.npy"), "--value": p("v.npy"),
+                "--out": p("bad_out.npy")}
+        for i in range(0, len(extra), 2):
+            base[extra[i]] = extra[i + 1]
+        argv = ["attention"] + [x for kv in base.items() for x in kv]
+        r = run(*argv)
+        check(r.returncode == 2, f"{extra}: exit 2, got {r.returncode}")
+        check(name in r.stderr, f"{extra}: message names {name}: {r.stderr.strip()}")
+        check(not os.path.exists(p("bad_out.npy")), f"{extra}: nothing written")
+    check(np.array_equal(np.load(p("q.npy")), q), "an input is never overwritten")
+    leftovers = [f for f in os.listdir(d) if ".tmp." in f]
+    check(not leftovers, f"no temporary files left: {leftovers}")
+
+# softmax
+r = run("softmax", "--logits", "1000,10,5", "--json")
+check(r.returncode == 0, "softmax runs")
+if r.returncode == 0:
+    check(json.loads(r.stdout)["probabilities"] == [1.0, 0.0, 0.0], "softmax([1000,10,5]) = [1,0,0]")
+r = run("softmax", "--logits", "1000,10,5", "--dtype", "float32", "--json")
+check(r.returncode == 0 and json.loads(r.stdout)["probabilities"] == [1.0, 0.0, 0.0], "float32 too")
+r = run("softmax", "--logits", "1,x,3")
+check(r.returncode == 2 and "--logits" in r.stderr, "bad logits: exit 2 naming --logits")
+for args in (["--help"], ["attention", "--help"], ["softmax", "--help"], ["--version"]):
+    r = run(*args)
+    check(r.returncode == 0 and r.stdout, f"{args} prints and exits 0")
+
+if failures:
+    print(f"{len(failures)} failure(s)", file=sys.stderr)
+    sys.exit(1)
+print("all CLI checks passed")

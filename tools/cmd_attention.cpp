@@ -1,0 +1,154 @@
+// sdpa attention: read .npy inputs, run forward (and backward), write .npy outputs atomically.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "commands.h"
+#include "sdpa/array.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::cli {
+namespace {
+
+struct AttentionArgs {
+  std::string query, key, value, out, mask, lse, causal = "none", impl = "fast";
+  std::optional<double> scale;
+  bool enable_gqa = false;
+  int threads = 0;
+  std::string grad_output, grad_query, grad_key, grad_value;
+};
+
+std::string canonical(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
+void check_paths(const AttentionArgs& a) {
+  std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--query", a.query}, {"--key", a.key}, {"--value", a.value}};
+  if (!a.mask.empty()) inputs.emplace_back("--mask", a.mask);
+  if (!a.grad_output.empty()) inputs.emplace_back("--grad-output", a.grad_output);
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--out", a.out}};
+  if (!a.lse.empty()) outputs.emplace_back("--lse", a.lse);
+  if (!a.grad_query.empty()) outputs.emplace_back("--grad-query", a.grad_query);
+  if (!a.grad_key.empty()) outputs.emplace_back("--grad-key", a.grad_key);
+  if (!a.grad_value.empty()) outputs.emplace_back("--grad-value", a.grad_value);
+  std::set<std::string> seen;
+  for (const auto& [flag, path] : outputs) {
+    const std::string c = canonical(path);
+    for (const auto& [in_flag, in_path] : inputs) {
+      if (canonical(in_path) == c) {
+        throw Error(fmt::format("{}: expected an output path different from every input, got {} "
+                                "which is also {}",
+                                flag, path, in_flag));
+      }
+    }
+    if (!seen.insert(c).second) {
+      throw Error(fmt::format("{}: expected a path no other output uses, got {} twice", flag, path));
+    }
+    const auto parent = std::filesystem::path(c).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+      throw Error(fmt::format("{}: expected a path in an existing directory, got {}", flag, path));
+    }
+  }
+  const bool any_grad = !a.grad_query.empty() || !a.grad_key.empty() || !a.grad_value.empty();
+  if (!a.grad_output.empty() && !any_grad) {
+    throw Error("--grad-output: expected with at least one of --grad-query, --grad-key, "
+                "--grad-value, got none of them");
+  }
+  if (a.grad_output.empty() && any_grad) {
+    throw Error("--grad-output: expected when --grad-query, --grad-key or --grad-value is given, "
+                "got none");
+  }
+}
+
+void run(const AttentionArgs& a) {
+  check_paths(a);
+  AttentionOptions options;
+  options.scale = a.scale;
+  options.causal = parse_causal(a.causal);
+  options.enable_gqa = a.enable_gqa;
+  options.impl = parse_impl(a.impl);
+  options.threads = a.threads;
+  resolve_threads(options.threads);  // reject bad counts before reading anything
+
+  const Array q = read_npy(a.query);
+  const Array k = read_npy(a.key);
+  const Array v = read_npy(a.value);
+  std::optional<Array> mask;
+  if (!a.mask.empty()) mask = read_npy(a.mask);
+  const TensorRef mask_ref = mask ? mask->ref() : TensorRef{};
+
+  Array out(q.dtype() == DType::boolean ? DType::float32 : q.dtype(),
+            attention_output_shape(q, k, v, options));
+  Array lse(out.dtype(), attention_lse_shape(q));
+  const MutableTensorRef lse_ref = lse.mut();
+  attention_forward(q, k, v, mask ? &mask_ref : nullptr, options, out.mut(), &lse_ref);
+
+  std::vector<std::pair<std::string, TensorRef>> files = {{a.out, out.ref()}};
+  if (!a.lse.empty()) files.emplace_back(a.lse, lse.ref());
+  Array dq, dk, dv;
+  if (!a.grad_output.empty()) {
+    const Array dout = read_npy(a.grad_output);
+    dq = Array(q.dtype(), q.shape());
+    dk = Array(k.dtype(), k.shape());
+    dv = Array(v.dtype(), v.shape());
+    try {
+      attention_backward(q, k, v, mask ? &mask_ref : nullptr, out, lse, dout, options, dq.mut(),
+                         dk.mut(), dv.mut());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      // Name the file the user gave rather than the API's parameter.
+      if (what.rfind("grad_out:", 0) == 0) {
+        throw Error("--grad-output " + a.grad_output + what.substr(std::string("grad_out").size()));
+      }
+      throw;
+    }
+    if (!a.grad_query.empty()) files.emplace_back(a.grad_query, dq.ref());
+    if (!a.grad_key.empty()) files.emplace_back(a.grad_key, dk.ref());
+    if (!a.grad_value.empty()) files.emplace_back(a.grad_value, dv.ref());
+  }
+  write_npy_all(files);
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app) {
+  auto args = std::make_shared<AttentionArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "attention",
+      "Compute softmax(Q K^T * scale + mask) V from .npy files.\n"
+      "Shapes: query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -> out "
+      "(..., Hq, L, Ev).\nOutputs have the query's dtype and are written atomically.");
+  cmd->add_option("--query", args->query, "query .npy, (..., Hq, L, E), float32 or float64")
+      ->required();
+  cmd->add_option("--key", args->key, "key .npy, (..., Hkv, S, E)")->required();
+  cmd->add_option("--value", args->value, "value .npy, (..., Hkv, S, Ev)")->required();
+  cmd->add_option("--out", args->out, "output .npy, (..., Hq, L, Ev)")->required();
+  cmd->add_option("--mask", args->mask,
+                  "mask .npy broadcastable to (..., Hq, L, S): bool (true = attend) or float "
+                  "(added to the scores, -inf allowed)");
+  cmd->add_option("--causal", args->causal,
+                  "causal mask: none, upper-left (PyTorch is_causal) or lower-right "
+                  "(FlashAttention)")
+      ->capture_default_str();
+  cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(E)); must be finite");
+  cmd->add_flag("--enable-gqa", args->enable_gqa,
+                "grouped-query attention: Hq a multiple of Hkv, query head h uses kv head "
+                "h / (Hq/Hkv)");
+  cmd->add_option("--lse", args->lse, "also write the log-sum-exp of each row, (..., Hq, L)");
+  cmd->add_option("--impl", args->impl, "fast (fused kernel), reference (float64 oracle) or naive")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads; 0 = one per core")->capture_default_str();
+  cmd->add_option("--grad-output", args->grad_output,
+                  "gradient of the loss with respect to out, (..., Hq, L, Ev): runs backward");
+  cmd->add_option("--grad-query", args->grad_query, "write dL/dquery here");
+  cmd->add_option("--grad-key", args->grad_key, "write dL/dkey here");
+  cmd->add_option("--grad-value", args->grad_value, "write dL/dvalue here");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace sdpa::cli

@@ -1,0 +1,50 @@
+// sdpa: the command-line program. See `sdpa --help`.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::cli {
+bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
+}  // namespace sdpa::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "sdpa: exact scaled dot-product attention on the CPU (softmax(Q K^T * scale + mask) V),\n"
+      "and a lab that measures why attention divides by sqrt(d).",
+      "sdpa"};
+  app.set_version_flag("--version", std::string("sdpa ") + sdpa::version());
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  sdpa::cli::add_attention_command(app);
+  sdpa::cli::add_softmax_command(app);
+#ifdef SDPA_HAS_BENCH
+  sdpa::cli::add_bench_command(app);
+#endif
+#ifdef SDPA_HAS_LAB
+  sdpa::cli::add_lab_command(app);
+#endif
+#ifdef SDPA_HAS_REPORT
+  sdpa::cli::add_report_command(app);
+#endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const sdpa::Error& e) {
+    std::fprintf(stderr, "sdpa: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "sdpa: error: out of memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sdpa: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
