@@ -1,0 +1,52 @@
+// The lab: experiments that turn the article's claims (shared/seed/CLAIMS.md, C1-C8) into
+// measurements. Every experiment returns one JSON object of the common form
+//
+//   {"experiment": "variance", "seed": 1, "mode": "quick", "seconds": 2.1,
+//    "claims": [{"id": "C4", "claim": "...", "theory": "...", "measurement": "...",
+//                "verdict": "holds" | "fails" | "holds-if", "condition": "...",
+//                "evidence": "..."}],
+//    "tables": {"<table>": [{"column": value, ...}, ...]}}
+//
+// and is reproducible: the same seed gives the same object byte for byte whatever the thread
+// count ("seconds" aside, which is wall time). Experiments call the library (sdpa/sdpa.h:
+// softmax, attention forward/backward); they never re-implement it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace sdpa::lab {
+
+using json = nlohmann::json;
+
+enum class Mode { quick, full };
+enum class Lang { en, zh };
+
+struct LabOptions {
+  std::uint64_t seed = 1;
+  Mode mode = Mode::quick;
+  Lang lang = Lang::en;
+  int threads = 0;        // 0: one per core
+  bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a tty)
+};
+
+/// An experiment: its name (part of the interface), a one-line summary, and its runner.
+struct Experiment {
+  std::string name;
+  std::string summary;
+  std::function<json(const LabOptions&)> run;
+};
+
+/// Every experiment, in the order `sdpa lab list` shows them (train last).
+const std::vector<Experiment>& experiments();
+
+/// The experiment called `name`, or throws sdpa::Error listing the valid names.
+const Experiment& find_experiment(const std::string& name);
+
+/// Claim C8: train small attention models with each scale (src/lab/train.cpp).
+json run_train(const LabOptions& options);
+
+}  // namespace sdpa::lab
