@@ -1,0 +1,540 @@
+// The fused attention kernel (--impl fast): FlashAttention-2 on the CPU, forward and backward.
+//
+// DESIGN-COMMENT-PLACEHOLDER
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "core/problem.h"
+#include "kernels/dispatch.h"
+#include "kernels/flash_common.h"
+#include "kernels/kernels.h"
+#include "kernels/workspace.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/flash.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include "hwy/highway.h"
+#include "kernels/gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using flash::ceil_div;
+using flash::kKeyTile;
+using flash::kPad;
+using flash::kQueryTile;
+using flash::round_up;
+using std::int64_t;
+using std::size_t;
+
+template <typename T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// ---- packing (once per call, shared by all threads) ------------------------------------------
+
+/// dst[e][c] = src[s0 + c][e] for c < kc, 0 for kc <= c < kKeyTile: one key tile transposed so
+/// that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile), vectorised
+/// along the keys.
+template <typename T>
+void TransposeTile(const T* src, int64_t width, int64_t s0, int64_t kc, T* dst) {
+  for (int64_t e = 0; e < width; ++e) {
+    T* d = dst + e * kKeyTile;
+    for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * width + e];
+    for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
+  }
+}
+
+/// dst[r][0..ld) = factor * src[r][0..width) followed by zeros.
+template <typename T>
+void CopyRowsPadded(const T* src, int64_t rows, int64_t width, T factor, int64_t ld, T* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * src[r * width + e];
+    for (int64_t e = width; e < ld; ++e) dst[r * ld + e] = T(0);
+  }
+}
+
+/// True when every x[0..n) is finite. x - x is 0 for finite x and NaN for inf or NaN.
+template <typename T>
+bool AllFinite(const T* x, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    acc = hn::Add(acc, hn::Sub(v, v));
+  }
+  T tail = 0;
+  for (; i < n; ++i) tail += x[i] - x[i];
+  return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
+}
+
+// Inside a parallel region an exception cannot leave a thread: scratch allocation failures are
+// recorded and rethrown by the calling thread after the region.
+struct RegionError {
+  bool failed = false;
+  void* reserve(size_t bytes) {
+    try {
+      return thread_scratch().reserve(bytes);
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+      return nullptr;
+    }
+  }
+};
+
+// ---- forward ---------------------------------------------------------------------------------
+
+template <typename T>
+struct ForwardShared {
+  const T* kt;              // [B*Hkv][nkt][E][kKeyTile]: key tiles, transposed, zero-padded
+  const T* v;               // [B*Hkv][S][ldv]: value rows (the input itself when ldv == Ev)
+  int64_t ldv;              // Ev rounded up to 64 bytes
+  const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
+  int64_t nkt;
+};
+
+template <typename T>
+struct ForwardScratch {
+  T* qs;    // [group][kQueryTile][E]: the query tile of each head of the group, times scale
+  T* s;     // [kQueryTile][kKeyTile]: scores, then probabilities
+  T* acc;   // [group][kQueryTile][ldv]: unnormalised output
+  T* rmax;  // [group][kQueryTile]: running max of the scores (m in FlashAttention-2)
+  T* rsum;  // [group][kQueryTile]: running sum of exp(score - m) (l in FlashAttention-2)
+
+  static size_t Carve(Carver& c, const Problem& p, int64_t ldv, ForwardScratch* out) {
+    const auto g = static_cast<size_t>(p.group);
+    ForwardScratch w;
+    w.qs = c.take<T>(g * kQueryTile * static_cast<size_t>(p.E));
+    w.s = c.take<T>(kQueryTile * kKeyTile);
+    w.acc = c.take<T>(g * kQueryTile * static_cast<size_t>(ldv));
+    w.rmax = c.take<T>(g * kQueryTile);
+    w.rsum = c.take<T>(g * kQueryTile);
+    if (out != nullptr) *out = w;
+    return c.used();
+  }
+};
+
+// One query tile (rows l0 .. l0 + rows of every query head that reads key/value head hkv)
+// against all the key tiles it can see. The online softmax of FlashAttention-2 (Dao 2023,
+// "FlashAttention-2", Algorithm 1, lines 8-10), per row r and key tile j:
+//   m_new   = max(m, rowmax(S_j))                       S_j = (scale * Q) K_j^T + mask
+//   P_j     = exp(S_j - m_new)
+//   l       = exp(m - m_new) * l + rowsum(P_j)
+//   acc     = exp(m - m_new) * acc + P_j V_j
+// and at the end out = acc / l, lse = m + log(l). m starts at -inf; a row that has seen no
+// visible key yet keeps m = -inf and its P row is zero (exp(-inf - -inf) would be NaN).
+template <typename T>
+void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const ForwardScratch<T>& w,
+                      int64_t b, int64_t hkv, int64_t i, T* out, T* lse) {
+  const int64_t G = p.group, E = p.E, Ev = p.Ev, ldv = sh.ldv, S = p.S;
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t bh = b * p.Hkv + hkv;
+  // Causal: keys past the last row's diagonal are invisible to the whole tile; skip their tiles.
+  const int64_t last_key = std::min(S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const T scale = static_cast<T>(p.scale);
+  const T* query = static_cast<const T*>(p.query);
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    CopyRowsPadded(query + ((b * p.Hq + h) * p.L + l0) * E, rows, E, scale, E,
+                   w.qs + g * kQueryTile * E);
+    std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<T>);
+    std::fill_n(w.rsum + g * kQueryTile, rows, T(0));
+    std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, T(0));
+  }
+
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0);
+    // Only tiles that straddle the diagonal, the last (short) tile, or a user mask need the
+    // per-element masking pass.
+    const bool masked = p.mask.present || kc < kKeyTile ||
+                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
+    const T* v = sh.v + (bh * S + s0) * ldv;
+    const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
+    for (int64_t g = 0; g < G; ++g) {  // GQA: this K/V tile serves every head of the group
+      const int64_t h = hkv * G + g;
+      T* acc = w.acc + g * kQueryTile * ldv;
+      T* rmax = w.rmax + g * kQueryTile;
+      T* rsum = w.rsum + g * kQueryTile;
+      // pass 1: S = (scale * Q) K^T
+      Gemm<false>(rows, kKeyTile, E, w.qs + g * kQueryTile * E, E, 1, kt, kKeyTile, w.s, kKeyTile);
+      // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
+      for (int64_t r = 0; r < rows; ++r) {
+        T* srow = w.s + r * kKeyTile;
+        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
+        const T m_old = rmax[r];
+        const T m_new = std::max(m_old, RowMax(srow, kKeyTile));
+        if (m_new == kNegInf<T>) {  // nothing visible so far: P row = 0
+          std::fill_n(srow, kKeyTile, T(0));
+          continue;
+        }
+        const T row_sum = ExpShiftSum(srow, kKeyTile, m_new);
+        if (m_new != m_old) {
+          const T alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+          if (m_old != kNegInf<T>) ScaleRow(acc + r * ldv, ldv, alpha);
+          rsum[r] = rsum[r] * alpha + row_sum;
+          rmax[r] = m_new;
+        } else {
+          rsum[r] += row_sum;
+        }
+      }
+      // pass 3: acc += P V
+      if (v_unsafe) {
+        GemmSkipZeros(rows, ldv, kc, w.s, kKeyTile, 1, v, ldv, acc, ldv);
+      } else {
+        Gemm<true>(rows, ldv, kc, w.s, kKeyTile, 1, v, ldv, acc, ldv);
+      }
+    }
+  }
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t row0 = (b * p.Hq + hkv * G + g) * p.L + l0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* acc = w.acc + (g * kQueryTile + r) * ldv;
+      const T l = w.rsum[g * kQueryTile + r];
+      T* o = out + (row0 + r) * Ev;
+      if (l == T(0)) {  // no visible key: out = 0, lse = -inf
+        std::fill_n(o, Ev, T(0));
+        if (lse != nullptr) lse[row0 + r] = kNegInf<T>;
+        continue;
+      }
+      const T inv = T(1) / l;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = acc[e] * inv;
+      if (lse != nullptr) lse[row0 + r] = w.rmax[g * kQueryTile + r] + std::log(l);
+    }
+  }
+}
+
+template <typename T>
+void ForwardT(const Problem& p, T* out, T* lse) {
+  const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
+  const int64_t ldv = round_up(Ev, kPad<T>);
+  const bool v_in_place = ldv == Ev;
+
+  Carver measure;
+  measure.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
+  if (!v_in_place) measure.take<T>(static_cast<size_t>(BH * S * ldv));
+  measure.take<uint8_t>(static_cast<size_t>(BH * nkt));
+  Carver carve(call_shared().reserve(measure.used()));
+  T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
+  T* vp = v_in_place ? nullptr : carve.take<T>(static_cast<size_t>(BH * S * ldv));
+  uint8_t* v_unsafe = carve.take<uint8_t>(static_cast<size_t>(BH * nkt));
+  const T* key = static_cast<const T*>(p.key);
+  const T* value = static_cast<const T*>(p.value);
+  const ForwardShared<T> sh{kt, v_in_place ? value : vp, ldv, v_unsafe, nkt};
+
+  Carver scratch_measure;
+  const size_t scratch_bytes = ForwardScratch<T>::Carve(scratch_measure, p, ldv, nullptr);
+  RegionError err;
+#pragma omp parallel num_threads(p.threads)
+  {
+    // Pack the key tiles (transposed) and, when Ev is not a multiple of 64 bytes, the values.
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
+      TransposeTile(key + bh * S * E, E, s0, kc, kt + t * E * kKeyTile);
+      const T* vsrc = value + (bh * S + s0) * Ev;
+      if (!v_in_place) CopyRowsPadded(vsrc, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
+      v_unsafe[t] = AllFinite(vsrc, kc * Ev) ? 0 : 1;
+    }
+    void* mem = err.reserve(scratch_bytes);
+    ForwardScratch<T> w{};
+    if (mem != nullptr) {
+      Carver c(mem);
+      ForwardScratch<T>::Carve(c, p, ldv, &w);
+    }
+    // Query tiles of all (batch, kv head) pairs; dynamic because causal tiles differ in cost.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * nqt; ++item) {
+      if (mem == nullptr) continue;
+      const int64_t bh = item / nqt;
+      ForwardQueryTile(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt, out, lse);
+    }
+  }
+  if (err.failed) throw std::bad_alloc();
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+template <typename T>
+struct BackwardShared {
+  const T* kt;    // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
+  const T* vt;    // [B*Hkv][nkt][Ev][kKeyTile]: value tiles transposed (for dP = dO V^T)
+  const T* k;     // [B*Hkv][S][ldk]: key rows (for dQ = dS K)
+  const T* qs;    // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
+  const T* dout;  // [B*Hq][L][ldo]: grad_out rows, padded
+  const T* D;     // [B*Hq][L]: rowsum(dO * O)
+  const T* lse;   // [B*Hq][L]
+  const uint8_t* k_unsafe;  // [B*Hkv][nkt]: the key tile holds inf or NaN
+  int64_t ldk, ldq, ldo, nkt, nqt;
+};
+
+template <typename T>
+struct BackwardScratch {
+  T* p;       // [kQueryTile][kKeyTile]: P
+  T* ds;      // [kQueryTile][kKeyTile]: dP, then dS
+  T* dk_acc;  // [kKeyTile][ldq]
+  T* dv_acc;  // [kKeyTile][ldo]
+  T* dq_acc;  // [kQueryTile][ldq]
+
+  static size_t Carve(Carver& c, int64_t ldq, int64_t ldo, BackwardScratch* out) {
+    BackwardScratch w;
+    w.p = c.take<T>(kQueryTile * kKeyTile);
+    w.ds = c.take<T>(kQueryTile * kKeyTile);
+    w.dk_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldq));
+    w.dv_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldo));
+    w.dq_acc = c.take<T>(static_cast<size_t>(kQueryTile * ldq));
+    if (out != nullptr) *out = w;
+    return c.used();
+  }
+};
+
+// P and dS of one (query tile, key tile) pair, recomputed from the saved log-sum-exp:
+//   P  = exp(S - lse)                 (exactly 0 for masked keys and fully masked rows)
+//   dP = dO V^T
+//   dS = P * (dP - D),  D = rowsum(dO * O)     (the forward's out = P V differentiated)
+template <typename T>
+void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
+                          const BackwardScratch<T>& w, int64_t b, int64_t h, int64_t l0,
+                          int64_t rows, int64_t bh, int64_t j) {
+  const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
+  const int64_t row0 = (b * p.Hq + h) * p.L + l0;
+  const bool masked = p.mask.present || kc < kKeyTile ||
+                      (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+  const int64_t tile = bh * sh.nkt + j;
+  Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1, sh.kt + tile * p.E * kKeyTile,
+              kKeyTile, w.p, kKeyTile);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* prow = w.p + r * kKeyTile;
+    const T row_lse = sh.lse[row0 + r];
+    if (row_lse == kNegInf<T>) {  // fully masked row: no gradient flows through it
+      std::fill_n(prow, kKeyTile, T(0));
+      continue;
+    }
+    if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, prow);
+    ExpShift(prow, kKeyTile, row_lse);
+  }
+  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout + row0 * sh.ldo, sh.ldo, 1,
+              sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  for (int64_t r = 0; r < rows; ++r) {
+    SoftmaxGradRow(w.p + r * kKeyTile, w.ds + r * kKeyTile, kKeyTile, sh.D[row0 + r]);
+  }
+}
+
+// dK and dV of one key tile: the sum over every query head of its group and every query tile
+// that can see it, in a fixed order, by one thread:
+//   dV_j += P^T dO_i        dK_j += dS^T (scale * Q_i)
+template <typename T>
+void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
+                     int64_t bh, int64_t j, T* dk, T* dv) {
+  const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group;
+  const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
+  const int64_t ldq = sh.ldq, ldo = sh.ldo;
+  std::fill_n(w.dk_acc, kc * ldq, T(0));
+  std::fill_n(w.dv_acc, kc * ldo, T(0));
+  const int64_t first_row = flash::first_query_seeing(p, s0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    for (int64_t i = first_row / kQueryTile; i < sh.nqt && first_row < p.L; ++i) {
+      const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+      const int64_t row0 = (b * p.Hq + h) * p.L + l0;
+      ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+      Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout + row0 * ldo, ldo, w.dv_acc, ldo);
+      Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
+    }
+  }
+  for (int64_t c = 0; c < kc; ++c) {
+    std::copy_n(w.dk_acc + c * ldq, p.E, dk + (bh * p.S + s0 + c) * p.E);
+    std::copy_n(w.dv_acc + c * ldo, p.Ev, dv + (bh * p.S + s0 + c) * p.Ev);
+  }
+}
+
+// dQ of one query tile: dQ_i = scale * sum_j dS_ij K_j over the key tiles it sees, in order.
+// A separate pass (P and dP are recomputed) so that each thread owns its dQ rows.
+template <typename T>
+void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
+                       int64_t b, int64_t h, int64_t i, T* dq) {
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t hkv = h / p.group, bh = b * p.Hkv + hkv, ldq = sh.ldq;
+  const int64_t last_key = std::min(p.S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  std::fill_n(w.dq_acc, rows * ldq, T(0));
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
+    ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+    const T* k = sh.k + (bh * p.S + s0) * sh.ldk;
+    if (sh.k_unsafe[bh * sh.nkt + j] != 0) {
+      GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, w.dq_acc, ldq);
+    } else {
+      Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, w.dq_acc, ldq);
+    }
+  }
+  const T scale = static_cast<T>(p.scale);
+  const int64_t row0 = (b * p.Hq + h) * p.L + l0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < p.E; ++e) dq[(row0 + r) * p.E + e] = scale * w.dq_acc[r * ldq + e];
+  }
+}
+
+template <typename T>
+void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
+  const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
+  const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(L, kQueryTile);
+  const int64_t ldq = round_up(E, kPad<T>), ldo = round_up(Ev, kPad<T>);
+  const bool k_in_place = ldq == E, dout_in_place = ldo == Ev;
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  Carver measure;
+  measure.take<T>(n(BH * nkt * E * kKeyTile));
+  measure.take<T>(n(BH * nkt * Ev * kKeyTile));
+  if (!k_in_place) measure.take<T>(n(BH * S * ldq));
+  measure.take<T>(n(BHq * L * ldq));
+  if (!dout_in_place) measure.take<T>(n(BHq * L * ldo));
+  measure.take<T>(n(BHq * L));
+  measure.take<uint8_t>(n(BH * nkt));
+  Carver carve(call_shared().reserve(measure.used()));
+  T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
+  T* vt = carve.take<T>(n(BH * nkt * Ev * kKeyTile));
+  T* kp = k_in_place ? nullptr : carve.take<T>(n(BH * S * ldq));
+  T* qs = carve.take<T>(n(BHq * L * ldq));
+  T* dop = dout_in_place ? nullptr : carve.take<T>(n(BHq * L * ldo));
+  T* D = carve.take<T>(n(BHq * L));
+  uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
+  const T* key = static_cast<const T*>(p.key);
+  const T* value = static_cast<const T*>(p.value);
+  const T* query = static_cast<const T*>(p.query);
+  const BackwardShared<T> sh{kt,
+                             vt,
+                             k_in_place ? key : kp,
+                             qs,
+                             dout_in_place ? dout : dop,
+                             D,
+                             lse,
+                             k_unsafe,
+                             ldq,
+                             ldq,
+                             ldo,
+                             nkt,
+                             nqt};
+
+  Carver scratch_measure;
+  const size_t scratch_bytes = BackwardScratch<T>::Carve(scratch_measure, ldq, ldo, nullptr);
+  const T scale = static_cast<T>(p.scale);
+  RegionError err;
+#pragma omp parallel num_threads(p.threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
+      TransposeTile(key + bh * S * E, E, s0, kc, kt + t * E * kKeyTile);
+      TransposeTile(value + bh * S * Ev, Ev, s0, kc, vt + t * Ev * kKeyTile);
+      const T* ksrc = key + (bh * S + s0) * E;
+      if (!k_in_place) CopyRowsPadded(ksrc, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
+      k_unsafe[t] = AllFinite(ksrc, kc * E) ? 0 : 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < BHq * L; ++row) {
+      CopyRowsPadded(query + row * E, 1, E, scale, ldq, qs + row * ldq);
+      if (!dout_in_place) CopyRowsPadded(dout + row * Ev, 1, Ev, T(1), ldo, dop + row * ldo);
+      // D = rowsum(dO * O), accumulated in double: O(L * Ev) work, negligible.
+      double sum = 0.0;
+      for (int64_t e = 0; e < Ev; ++e)
+        sum += double(dout[row * Ev + e]) * double(out[row * Ev + e]);
+      D[row] = static_cast<T>(sum);
+    }
+    void* mem = err.reserve(scratch_bytes);
+    BackwardScratch<T> w{};
+    if (mem != nullptr) {
+      Carver c(mem);
+      BackwardScratch<T>::Carve(c, ldq, ldo, &w);
+    }
+    // pass A: dK, dV by key tile; pass B: dQ by query tile. Independent, so no barrier between.
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      if (mem != nullptr) BackwardKeyTile(p, sh, w, t / nkt, t % nkt, dk, dv);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BHq * nqt; ++item) {
+      const int64_t bh = item / nqt;
+      if (mem != nullptr) BackwardQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, item % nqt, dq);
+    }
+  }
+  if (err.failed) throw std::bad_alloc();
+}
+
+// ---- exported per-target entry points ---------------------------------------------------------
+
+void ForwardFloat(const Problem& p, void* out, void* lse) {
+  ForwardT<float>(p, static_cast<float*>(out), static_cast<float*>(lse));
+}
+void ForwardDouble(const Problem& p, void* out, void* lse) {
+  ForwardT<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
+}
+void BackwardFloat(const Problem& p, const void* out, const void* lse, const void* dout, void* dq,
+                   void* dk, void* dv) {
+  BackwardT<float>(p, static_cast<const float*>(out), static_cast<const float*>(lse),
+                   static_cast<const float*>(dout), static_cast<float*>(dq),
+                   static_cast<float*>(dk), static_cast<float*>(dv));
+}
+void BackwardDouble(const Problem& p, const void* out, const void* lse, const void* dout, void* dq,
+                    void* dk, void* dv) {
+  BackwardT<double>(p, static_cast<const double*>(out), static_cast<const double*>(lse),
+                    static_cast<const double*>(dout), static_cast<double*>(dq),
+                    static_cast<double*>(dk), static_cast<double*>(dv));
+}
+const char* TargetNameOfKernel() { return hwy::TargetName(HWY_TARGET); }
+void ExpForTest(const float* x, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  for (size_t i = 0; i < n; i += hn::Lanes(d))
+    hn::StoreU(hn::Exp(d, hn::LoadU(d, x + i)), d, y + i);
+}
+
+}  // namespace sdpa::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::detail {
+
+HWY_EXPORT(ForwardFloat);
+HWY_EXPORT(ForwardDouble);
+HWY_EXPORT(BackwardFloat);
+HWY_EXPORT(BackwardDouble);
+HWY_EXPORT(TargetNameOfKernel);
+HWY_EXPORT(ExpForTest);
+
+// The SIMD target is chosen once per public call; everything below runs on it directly.
+void fast_forward(const Problem& p, void* out, void* lse) {
+  if (p.dtype == DType::float64) {
+    HWY_DYNAMIC_DISPATCH(ForwardDouble)(p, out, lse);
+  } else {
+    HWY_DYNAMIC_DISPATCH(ForwardFloat)(p, out, lse);
+  }
+}
+
+void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
+                   void* dq, void* dk, void* dv) {
+  if (p.dtype == DType::float64) {
+    HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, out, lse, grad_out, dq, dk, dv);
+  } else {
+    HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, out, lse, grad_out, dq, dk, dv);
+  }
+}
+
+const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKernel)(); }
+
+void fast_exp_for_test(const float* x, float* y, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);
+}
+
+}  // namespace sdpa::detail
+#endif  // HWY_ONCE

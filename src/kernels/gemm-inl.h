@@ -1,0 +1,207 @@
+// Per-target building blocks of the fused attention kernel: a register-blocked micro-kernel for
+// the small matrix products of one tile, and the row operations of the online softmax.
+// Included once per Highway target by flash.cpp (foreach_target), hence the toggling guard.
+//
+// The one product every tile needs (Q K^T, P V, dO V^T, P^T dO, dS^T Q, dS K):
+//   C[m][n] (+)= sum_k A(m, k) * B[k][n]     m < M, n < N, k < K
+// with A(m, k) = a[m * a_rs + k * a_cs] (so A may be read transposed), B row-major with leading
+// dimension ldb, C row-major with leading dimension ldc. N must be a multiple of the vector
+// length (callers pad rows to 64 bytes). The micro-kernel keeps an MR x NV block of C in
+// registers for the whole K loop: per k it loads NV vectors of B, broadcasts MR scalars of A
+// and issues MR * NV independent FMAs. Zen 5 has 2 FMA pipes of latency 4, so >= 8 FMAs must be
+// in flight; with AVX-512 (32 registers) a 6 x 4 block uses 24 accumulators + 4 B vectors + 1
+// broadcast = 29 registers; targets with 16 registers use 6 x 2 (12 + 2 + 1 = 15).
+#if defined(SDPA_KERNELS_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_KERNELS_GEMM_INL_H_
+#undef SDPA_KERNELS_GEMM_INL_H_
+#else
+#define SDPA_KERNELS_GEMM_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+inline constexpr std::size_t kGemmRows = 6, kGemmVectors = 4;
+#elif HWY_TARGET == HWY_SCALAR
+inline constexpr std::size_t kGemmRows = 4, kGemmVectors = 4;
+#else
+inline constexpr std::size_t kGemmRows = 6, kGemmVectors = 2;
+#endif
+
+// One MR x NV block of C: C[0..MR)[0..NV*lanes) (+)= A(0..MR, 0..K) B[0..K)[0..NV*lanes).
+template <std::size_t MR, std::size_t NV, bool kAccumulate, typename T>
+HWY_INLINE void MicroTile(std::size_t K, const T* HWY_RESTRICT a, std::size_t a_rs,
+                          std::size_t a_cs, const T* HWY_RESTRICT b, std::size_t ldb,
+                          T* HWY_RESTRICT c, std::size_t ldc) {
+  const hn::ScalableTag<T> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::size_t N = hn::Lanes(d);
+  V acc[MR][NV];
+#pragma GCC unroll 8
+  for (std::size_t m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v) {
+      acc[m][v] = kAccumulate ? hn::LoadU(d, c + m * ldc + v * N) : hn::Zero(d);
+    }
+  }
+  for (std::size_t k = 0; k < K; ++k) {
+    const T* HWY_RESTRICT bk = b + k * ldb;
+    const T* HWY_RESTRICT ak = a + k * a_cs;
+    V bv[NV];
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, bk + v * N);
+#pragma GCC unroll 8
+    for (std::size_t m = 0; m < MR; ++m) {
+      const V av = hn::Set(d, ak[m * a_rs]);
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[m][v] = hn::MulAdd(av, bv[v], acc[m][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (std::size_t m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v) hn::StoreU(acc[m][v], d, c + m * ldc + v * N);
+  }
+}
+
+// MR rows of C, all N columns: blocks of NV vectors, then single vectors.
+template <std::size_t MR, bool kAccumulate, typename T>
+HWY_INLINE void RowPanel(std::size_t N, std::size_t K, const T* a, std::size_t a_rs,
+                         std::size_t a_cs, const T* b, std::size_t ldb, T* c, std::size_t ldc) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  // 32-bit counters: the row width is far below 2^32 (and g++ then knows the pointer arithmetic
+  // below cannot overflow).
+  const auto vectors = static_cast<std::uint32_t>(N / lanes);
+  std::uint32_t v = 0;
+  for (; v + kGemmVectors <= vectors; v += kGemmVectors) {
+    MicroTile<MR, kGemmVectors, kAccumulate>(K, a, a_rs, a_cs, b + v * lanes, ldb, c + v * lanes,
+                                             ldc);
+  }
+  for (; v < vectors; ++v) {
+    MicroTile<MR, 1, kAccumulate>(K, a, a_rs, a_cs, b + v * lanes, ldb, c + v * lanes, ldc);
+  }
+}
+
+// The last M % kGemmRows rows, with a panel of exactly that height.
+template <std::size_t R, bool kAccumulate, typename T>
+HWY_INLINE void RemainderRows(std::size_t rows, std::size_t N, std::size_t K, const T* a,
+                              std::size_t a_rs, std::size_t a_cs, const T* b, std::size_t ldb, T* c,
+                              std::size_t ldc) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      RowPanel<R, kAccumulate>(N, K, a, a_rs, a_cs, b, ldb, c, ldc);
+    } else {
+      RemainderRows<R - 1, kAccumulate>(rows, N, K, a, a_rs, a_cs, b, ldb, c, ldc);
+    }
+  }
+}
+
+/// C (+)= A B as described at the top of this file. N % Lanes == 0.
+template <bool kAccumulate, typename T>
+HWY_NOINLINE void Gemm(std::size_t M, std::size_t N, std::size_t K, const T* a, std::size_t a_rs,
+                       std::size_t a_cs, const T* b, std::size_t ldb, T* c, std::size_t ldc) {
+  std::size_t m = 0;
+  for (; m + kGemmRows <= M; m += kGemmRows) {
+    RowPanel<kGemmRows, kAccumulate>(N, K, a + m * a_rs, a_rs, a_cs, b, ldb, c + m * ldc, ldc);
+  }
+  RemainderRows<kGemmRows - 1, kAccumulate>(M - m, N, K, a + m * a_rs, a_rs, a_cs, b, ldb,
+                                            c + m * ldc, ldc);
+}
+
+/// C += A B where every zero A(m, k) is skipped, so that 0 * inf or 0 * NaN in B (a masked-out
+/// key or value holding a non-finite number) never reaches C. Slower; used only for tiles that
+/// hold non-finite numbers.
+template <typename T>
+HWY_NOINLINE void GemmSkipZeros(std::size_t M, std::size_t N, std::size_t K, const T* a,
+                                std::size_t a_rs, std::size_t a_cs, const T* b, std::size_t ldb,
+                                T* c, std::size_t ldc) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t m = 0; m < M; ++m) {
+    for (std::size_t k = 0; k < K; ++k) {
+      const T am = a[m * a_rs + k * a_cs];
+      if (am == T(0)) continue;
+      const auto av = hn::Set(d, am);
+      for (std::size_t n = 0; n < N; n += lanes) {
+        hn::StoreU(hn::MulAdd(av, hn::LoadU(d, b + k * ldb + n), hn::LoadU(d, c + m * ldc + n)), d,
+                   c + m * ldc + n);
+      }
+    }
+  }
+}
+
+// ---- row operations of the softmax (n % Lanes == 0) ------------------------------------------
+
+template <typename T>
+HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  auto m = hn::Set(d, -std::numeric_limits<T>::infinity());
+  for (std::size_t i = 0; i < n; i += lanes) m = hn::Max(m, hn::LoadU(d, x + i));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+/// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0). shift finite.
+template <typename T>
+HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, std::size_t n, T shift) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto vs = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs));
+    hn::StoreU(e, d, x + i);
+    sum = hn::Add(sum, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+/// x[i] = exp(x[i] - shift) in place (no sum).
+template <typename T>
+HWY_INLINE void ExpShift(T* HWY_RESTRICT x, std::size_t n, T shift) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto vs = hn::Set(d, shift);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    hn::StoreU(hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs)), d, x + i);
+  }
+}
+
+template <typename T>
+HWY_INLINE void ScaleRow(T* HWY_RESTRICT x, std::size_t n, T factor) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto f = hn::Set(d, factor);
+  for (std::size_t i = 0; i < n; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), f), d, x + i);
+}
+
+/// ds[i] = p[i] * (dp[i] - D), and exactly 0 where p[i] == 0 (a masked key: its dP may be NaN
+/// when the value row holds NaN; 0 * NaN must not happen).
+template <typename T>
+HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp_to_ds, std::size_t n,
+                               T D) {
+  const hn::ScalableTag<T> d;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto vD = hn::Set(d, D);
+  const auto zero = hn::Zero(d);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const auto pv = hn::LoadU(d, p + i);
+    const auto ds = hn::Mul(pv, hn::Sub(hn::LoadU(d, dp_to_ds + i), vD));
+    hn::StoreU(hn::IfThenElseZero(hn::Ne(pv, zero), ds), d, dp_to_ds + i);
+  }
+}
+
+}  // namespace sdpa::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_KERNELS_GEMM_INL_H_

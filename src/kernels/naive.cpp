@@ -1,0 +1,148 @@
+// The naive baseline (--impl naive): a plain three-pass attention in the input precision,
+// materialising the L x S score matrix of one head at a time, with OpenBLAS for the products.
+//
+// It is what a careful person writes first, and it is kept for two purposes:
+//   - the accuracy contract: the fused kernel's error against the float64 reference must be at
+//     most twice this implementation's error (plus a small floor);
+//   - the benchmarks: every `sdpa bench` run can show the fused kernel beside it.
+// Forward per head:  S = scale * Q K^T (sgemm) ; P = softmax(S + mask) row by row ; O = P V (sgemm)
+// Backward per head: P recomputed ; dV += P^T dO ; dP = dO V^T ; dS = P * (dP - rowsum(P * dP)) ;
+//                    dQ = scale * dS K ; dK += scale * dS^T Q      (five sgemm calls)
+// Memory: 2 * L * S elements (reused between calls). Threads: OpenBLAS's own for the products,
+// OpenMP for the softmax rows. Masked keys get probability exactly 0; unlike the fused kernel,
+// a NaN or inf stored at a masked-out key or value position can still leak through 0 * NaN in
+// the BLAS products, so this path does not give that guarantee.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/flash_common.h"
+#include "kernels/kernels.h"
+#include "kernels/workspace.h"
+
+namespace sdpa::detail {
+namespace {
+
+using std::int64_t;
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+// P = softmax(S + mask) of one head, in place; lse_out (nullable) gets each row's log-sum-exp.
+template <class T>
+void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t L = p.L, S = p.S;
+#pragma omp parallel for num_threads(p.threads) schedule(static)
+  for (int64_t l = 0; l < L; ++l) {
+    T* row = P + l * S;
+    flash::mask_row(p, b, h, l, 0, S, S, row);
+    T mx = kNegInf;
+    for (int64_t s = 0; s < S; ++s) mx = std::max(mx, row[s]);
+    if (mx == kNegInf) {
+      std::fill_n(row, S, T(0));
+      if (lse_out != nullptr) lse_out[l] = kNegInf;
+      continue;
+    }
+    T sum = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      row[s] = std::exp(row[s] - mx);
+      sum += row[s];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t s = 0; s < S; ++s) row[s] *= inv;
+    if (lse_out != nullptr) lse_out[l] = mx + std::log(sum);
+  }
+}
+
+template <class T>
+void forward(const Problem& p, T* out, T* lse) {
+  const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
+  T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(L * S) * sizeof(T)));
+  openblas_set_num_threads(p.threads);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const int64_t bhq = b * p.Hq + h, bhk = b * p.Hkv + h / p.group;
+      const T* q = static_cast<const T*>(p.query) + bhq * L * E;
+      const T* k = static_cast<const T*>(p.key) + bhk * S * E;
+      const T* v = static_cast<const T*>(p.value) + bhk * S * Ev;
+      // pass 1: S = scale * Q K^T
+      gemm(false, true, L, S, E, T(p.scale), q, E, k, E, T(0), P, S);
+      // pass 2: softmax
+      softmax_rows(p, b, h, P, lse != nullptr ? lse + bhq * L : nullptr);
+      // pass 3: O = P V
+      gemm(false, false, L, Ev, S, T(1), P, S, v, Ev, T(0), out + bhq * L * Ev, Ev);
+    }
+  }
+}
+
+template <class T>
+void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
+  const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
+  T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(2 * L * S) * sizeof(T)));
+  T* dS = P + L * S;
+  std::fill_n(dk, p.B * p.Hkv * S * E, T(0));
+  std::fill_n(dv, p.B * p.Hkv * S * Ev, T(0));
+  openblas_set_num_threads(p.threads);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const int64_t bhq = b * p.Hq + h, bhk = b * p.Hkv + h / p.group;
+      const T* q = static_cast<const T*>(p.query) + bhq * L * E;
+      const T* k = static_cast<const T*>(p.key) + bhk * S * E;
+      const T* v = static_cast<const T*>(p.value) + bhk * S * Ev;
+      const T* g = dout + bhq * L * Ev;
+      gemm(false, true, L, S, E, T(p.scale), q, E, k, E, T(0), P, S);
+      softmax_rows<T>(p, b, h, P, nullptr);
+      gemm(true, false, S, Ev, L, T(1), P, S, g, Ev, T(1), dv + bhk * S * Ev, Ev);  // dV += P^T dO
+      gemm(false, true, L, S, Ev, T(1), g, Ev, v, Ev, T(0), dS, S);                 // dP = dO V^T
+#pragma omp parallel for num_threads(p.threads) schedule(static)
+      for (int64_t l = 0; l < L; ++l) {  // dS = P * (dP - rowsum(P * dP))
+        const T* pr = P + l * S;
+        T* dr = dS + l * S;
+        T D = 0;
+        for (int64_t s = 0; s < S; ++s) D += pr[s] * dr[s];
+        for (int64_t s = 0; s < S; ++s) dr[s] = pr[s] == T(0) ? T(0) : pr[s] * (dr[s] - D);
+      }
+      gemm(false, false, L, E, S, T(p.scale), dS, S, k, E, T(0), dq + bhq * L * E, E);
+      gemm(true, false, S, E, L, T(p.scale), dS, S, q, E, T(1), dk + bhk * S * E, E);
+    }
+  }
+}
+
+}  // namespace
+
+void naive_forward(const Problem& p, void* out, void* lse) {
+  if (p.dtype == DType::float64) {
+    forward<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
+  } else {
+    forward<float>(p, static_cast<float*>(out), static_cast<float*>(lse));
+  }
+}
+
+void naive_backward(const Problem& p, const void*, const void*, const void* grad_out, void* dq,
+                    void* dk, void* dv) {
+  if (p.dtype == DType::float64) {
+    backward<double>(p, static_cast<const double*>(grad_out), static_cast<double*>(dq),
+                     static_cast<double*>(dk), static_cast<double*>(dv));
+  } else {
+    backward<float>(p, static_cast<const float*>(grad_out), static_cast<float*>(dq),
+                    static_cast<float*>(dk), static_cast<float*>(dv));
+  }
+}
+
+}  // namespace sdpa::detail
