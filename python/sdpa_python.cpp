@@ -1,0 +1,567 @@
+// The Python module `sdpa`: NumPy in, NumPy out, with the signature of PyTorch's
+// torch.nn.functional.scaled_dot_product_attention. User documentation: docs/python.md.
+//
+// Every function works the same way:
+//   1. with the GIL held, each array argument becomes a C-contiguous, aligned NumPy array of a
+//      native dtype: the caller's own array when it already is one (zero-copy), a copy otherwise
+//      (non-contiguous views, broadcast views, byte-swapped floats). Other dtypes (float16,
+//      integers, bool for query/key/value) raise TypeError: converting them silently would change
+//      the dtype of the result, which is always the query's;
+//   2. the outputs are allocated as fresh NumPy arrays, so nothing half-written is ever visible;
+//   3. the GIL is released for the computation itself (py::gil_scoped_release), so other Python
+//      threads run meanwhile;
+//   4. sdpa::Error becomes TypeError when it is about a dtype and ValueError otherwise, with the
+//      message the command-line program prints (the CLI's "mask" is called attn_mask here, as
+//      the Python argument is).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sdpa/array.h"
+#include "sdpa/sdpa.h"
+
+#ifdef SDPA_PYTHON_HAS_LAB
+#include "lab/lab.h"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// ---- errors ------------------------------------------------------------------------------------
+
+[[noreturn]] void raise_error(std::string message) {
+  if (message.rfind("mask:", 0) == 0) message = "attn_mask" + message.substr(4);
+  // Every sdpa::Error about a dtype says "dtype" ("query: expected dtype float32 or float64, got
+  // bool", "key/value: expected the query's dtype ..."); no other message does.
+  if (message.find("dtype") != std::string::npos) throw py::type_error(message);
+  throw py::value_error(message);
+}
+
+template <class F>
+auto translate(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const sdpa::Error& e) {
+    raise_error(e.what());
+  }
+}
+
+/// str(obj) as Python prints it: "float16", "nan", "0.5".
+std::string text_of(const py::handle& obj) { return py::str(obj).cast<std::string>(); }
+
+// ---- arrays ------------------------------------------------------------------------------------
+
+std::optional<sdpa::DType> accepted_dtype(const py::dtype& dt) {
+  if (dt.kind() == 'f' && dt.itemsize() == 4) return sdpa::DType::float32;
+  if (dt.kind() == 'f' && dt.itemsize() == 8) return sdpa::DType::float64;
+  if (dt.kind() == 'b') return sdpa::DType::boolean;
+  return std::nullopt;
+}
+
+py::dtype native_dtype(sdpa::DType d) {
+  switch (d) {
+    case sdpa::DType::float32:
+      return py::dtype::of<float>();
+    case sdpa::DType::float64:
+      return py::dtype::of<double>();
+    case sdpa::DType::boolean:
+      return py::dtype::of<bool>();
+  }
+  return py::dtype::of<double>();
+}
+
+std::vector<std::int64_t> shape_of(const py::array& a) {
+  return std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+/// An array argument ready for the C++ API. `array` owns (or borrows) the memory `ref` points to.
+struct Input {
+  py::array array;
+  sdpa::TensorRef ref;
+};
+
+enum class Role { floating, mask };
+
+/// Converts `obj` (a NumPy array or anything numpy.asarray accepts) for argument `what`.
+Input prepare(const py::handle& obj, const std::string& what, Role role) {
+  const py::module_ np = py::module_::import("numpy");
+  py::array a = np.attr("asarray")(obj);
+  const py::dtype dt = a.dtype();
+  const std::optional<sdpa::DType> d = accepted_dtype(dt);
+  if (role == Role::floating && (!d || *d == sdpa::DType::boolean)) {
+    throw py::type_error(what + ": expected dtype float32 or float64, got " + text_of(dt));
+  }
+  if (role == Role::mask && !d) {
+    throw py::type_error(what + ": expected dtype bool, float32 or float64, got " + text_of(dt));
+  }
+  if (role == Role::mask) {
+    // A broadcast view (np.broadcast_to) repeats data with stride 0. The C++ API broadcasts a
+    // mask's size-1 dimensions itself, so one slice of such a dimension is all it needs: a
+    // (L, S) mask broadcast to (B, H, L, S) costs L * S, not B * H * L * S.
+    const py::object slice = py::module_::import("builtins").attr("slice");
+    py::tuple index(a.ndim());
+    bool any = false;
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+      const bool repeated = a.strides(i) == 0 && a.shape(i) > 1;
+      index[static_cast<std::size_t>(i)] = repeated ? slice(0, 1) : slice(py::none());
+      any = any || repeated;
+    }
+    if (any) a = a[index];
+  }
+  // Zero-copy when `a` is already C-contiguous, aligned, of native byte order: np.require
+  // returns the very same object then ('E': a plain ndarray, not a subclass).
+  py::list requirements;
+  for (const char* r : {"C", "A", "E"}) requirements.append(r);
+  a = np.attr("require")(a, native_dtype(*d), requirements);
+  Input in;
+  in.array = a;
+  in.ref = sdpa::TensorRef{a.data(), *d, shape_of(a)};
+  return in;
+}
+
+py::array new_array(sdpa::DType d, const std::vector<std::int64_t>& shape) {
+  return py::array(native_dtype(d), std::vector<py::ssize_t>(shape.begin(), shape.end()));
+}
+
+sdpa::MutableTensorRef mutable_ref(py::array& a, sdpa::DType d) {
+  return sdpa::MutableTensorRef{a.mutable_data(), d, shape_of(a)};
+}
+
+// ---- options -----------------------------------------------------------------------------------
+
+sdpa::AttentionOptions make_options(bool is_causal, std::optional<double> scale, bool enable_gqa,
+                                    const std::optional<std::string>& causal,
+                                    const std::string& impl, int threads) {
+  sdpa::AttentionOptions o;
+  o.scale = scale;
+  o.enable_gqa = enable_gqa;
+  o.impl = sdpa::parse_impl(impl);
+  o.threads = threads;
+  sdpa::resolve_threads(threads);  // validate now, with the GIL held
+  if (causal.has_value()) {
+    o.causal = sdpa::parse_causal(*causal);
+    if (is_causal && o.causal != sdpa::Causal::upper_left) {
+      throw sdpa::Error("is_causal: expected False when causal='" + *causal +
+                        "' is given (is_causal=True means causal='upper-left'), got True");
+    }
+  } else if (is_causal) {
+    o.causal = sdpa::Causal::upper_left;
+  }
+  return o;
+}
+
+void check_dropout(double dropout_p) {
+  if (dropout_p != 0.0) {
+    PyErr_SetString(PyExc_NotImplementedError,
+                    ("dropout_p: dropout is not implemented; expected 0.0, got " +
+                     text_of(py::float_(dropout_p)))
+                        .c_str());
+    throw py::error_already_set();
+  }
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+struct AttentionInputs {
+  Input query, key, value;
+  std::optional<Input> mask;
+  const sdpa::TensorRef* mask_ref() const { return mask ? &mask->ref : nullptr; }
+};
+
+AttentionInputs prepare_inputs(const py::handle& query, const py::handle& key,
+                               const py::handle& value, const py::handle& attn_mask) {
+  AttentionInputs in{prepare(query, "query", Role::floating), prepare(key, "key", Role::floating),
+                     prepare(value, "value", Role::floating), std::nullopt};
+  if (!attn_mask.is_none()) in.mask = prepare(attn_mask, "attn_mask", Role::mask);
+  return in;
+}
+
+py::object forward(const py::object& query, const py::object& key, const py::object& value,
+                   const py::object& attn_mask, bool is_causal, std::optional<double> scale,
+                   bool enable_gqa, const std::optional<std::string>& causal, bool return_lse,
+                   const std::string& impl, int threads) {
+  return translate([&]() -> py::object {
+    const sdpa::AttentionOptions options =
+        make_options(is_causal, scale, enable_gqa, causal, impl, threads);
+    const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
+    const sdpa::DType d = in.query.ref.dtype;
+    py::array out =
+        new_array(d, sdpa::attention_output_shape(in.query.ref, in.key.ref, in.value.ref, options));
+    const sdpa::MutableTensorRef out_ref = mutable_ref(out, d);
+    py::array lse;
+    sdpa::MutableTensorRef lse_ref;
+    if (return_lse) {
+      lse = new_array(d, sdpa::attention_lse_shape(in.query.ref));
+      lse_ref = mutable_ref(lse, d);
+    }
+    {
+      py::gil_scoped_release release;
+      sdpa::attention_forward(in.query.ref, in.key.ref, in.value.ref, in.mask_ref(), options,
+                              out_ref, return_lse ? &lse_ref : nullptr);
+    }
+    if (return_lse) return py::make_tuple(out, lse);
+    return out;
+  });
+}
+
+py::array scaled_dot_product_attention(const py::object& query, const py::object& key,
+                                       const py::object& value, const py::object& attn_mask,
+                                       double dropout_p, bool is_causal,
+                                       std::optional<double> scale, bool enable_gqa,
+                                       const std::optional<std::string>& causal,
+                                       const std::string& impl, int threads) {
+  check_dropout(dropout_p);
+  return forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal, false, impl,
+                 threads);
+}
+
+py::tuple backward(const py::object& query, const py::object& key, const py::object& value,
+                   const py::object& out, const py::object& lse, const py::object& grad_out,
+                   const py::object& attn_mask, bool is_causal, std::optional<double> scale,
+                   bool enable_gqa, const std::optional<std::string>& causal,
+                   const std::string& impl, int threads) {
+  return translate([&]() -> py::tuple {
+    const sdpa::AttentionOptions options =
+        make_options(is_causal, scale, enable_gqa, causal, impl, threads);
+    const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
+    const Input out_in = prepare(out, "out", Role::floating);
+    const Input lse_in = prepare(lse, "lse", Role::floating);
+    const Input grad_in = prepare(grad_out, "grad_out", Role::floating);
+    const sdpa::DType d = in.query.ref.dtype;
+    py::array dq = new_array(d, in.query.ref.shape);
+    py::array dk = new_array(d, in.key.ref.shape);
+    py::array dv = new_array(d, in.value.ref.shape);
+    const sdpa::MutableTensorRef dq_ref = mutable_ref(dq, d), dk_ref = mutable_ref(dk, d),
+                                 dv_ref = mutable_ref(dv, d);
+    {
+      py::gil_scoped_release release;
+      sdpa::attention_backward(in.query.ref, in.key.ref, in.value.ref, in.mask_ref(), out_in.ref,
+                               lse_in.ref, grad_in.ref, options, dq_ref, dk_ref, dv_ref);
+    }
+    return py::make_tuple(dq, dk, dv);
+  });
+}
+
+// ---- softmax -----------------------------------------------------------------------------------
+
+enum class RowOp { softmax, log_softmax };
+
+void check_scale(double scale) {
+  if (!std::isfinite(scale)) {
+    throw py::value_error("scale: expected a finite number, got " + text_of(py::float_(scale)));
+  }
+}
+
+/// `x` with `axis` moved last, made C-contiguous; `axis` checked against x's rank.
+Input prepare_rows(const py::object& x, const std::string& what, int axis) {
+  const py::module_ np = py::module_::import("numpy");
+  py::array a = np.attr("asarray")(x);
+  const py::ssize_t rank = a.ndim();
+  if (rank == 0) {
+    throw py::value_error(what + ": expected rank 1 or more, got shape ()");
+  }
+  if (axis < -rank || axis >= rank) {
+    throw py::value_error("axis: expected " + std::to_string(-rank) + " to " +
+                          std::to_string(rank - 1) + " for " + what + " of shape " +
+                          sdpa::shape_string(shape_of(a)) + ", got " + std::to_string(axis));
+  }
+  if (axis != -1 && axis != rank - 1) a = np.attr("moveaxis")(a, axis, -1);
+  return prepare(a, what, Role::floating);
+}
+
+/// The result computed with `axis` last, put back in place (C-contiguous).
+py::array restore_axis(const py::array& y, int axis) {
+  if (axis == -1 || axis == y.ndim() - 1) return y;
+  const py::module_ np = py::module_::import("numpy");
+  return np.attr("ascontiguousarray")(np.attr("moveaxis")(y, -1, axis));
+}
+
+template <class T>
+void rows(RowOp op, const Input& in, py::array& y, double scale) {
+  const auto& shape = in.ref.shape;
+  const std::int64_t n = shape.back();
+  const std::int64_t count = n == 0 ? 0 : in.ref.numel() / n;
+  const T* x = static_cast<const T*>(in.ref.data);
+  T* out = static_cast<T*>(y.mutable_data());
+  py::gil_scoped_release release;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const std::span<const T> row(x + r * n, static_cast<std::size_t>(n));
+    const std::span<T> dst(out + r * n, static_cast<std::size_t>(n));
+    if (op == RowOp::softmax) {
+      sdpa::softmax<T>(row, dst, scale);
+    } else {
+      sdpa::log_softmax<T>(row, dst, scale);
+    }
+  }
+}
+
+py::array row_op(RowOp op, const py::object& x, int axis, double scale) {
+  check_scale(scale);
+  const Input in = prepare_rows(x, "x", axis);
+  py::array y = new_array(in.ref.dtype, in.ref.shape);
+  translate([&] {
+    if (in.ref.dtype == sdpa::DType::float32) {
+      rows<float>(op, in, y, scale);
+    } else {
+      rows<double>(op, in, y, scale);
+    }
+  });
+  return restore_axis(y, axis);
+}
+
+template <class T>
+void backward_rows(const Input& p, const Input& dp, py::array& dx, double scale) {
+  const std::int64_t n = p.ref.shape.back();
+  const std::int64_t count = n == 0 ? 0 : p.ref.numel() / n;
+  const T* pp = static_cast<const T*>(p.ref.data);
+  const T* gp = static_cast<const T*>(dp.ref.data);
+  T* out = static_cast<T*>(dx.mutable_data());
+  py::gil_scoped_release release;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto len = static_cast<std::size_t>(n);
+    sdpa::softmax_backward<T>(std::span<const T>(pp + r * n, len),
+                              std::span<const T>(gp + r * n, len), std::span<T>(out + r * n, len),
+                              scale);
+  }
+}
+
+py::array softmax_backward(const py::object& probabilities, const py::object& grad_probabilities,
+                           int axis, double scale) {
+  check_scale(scale);
+  const Input p = prepare_rows(probabilities, "probabilities", axis);
+  const Input dp = prepare_rows(grad_probabilities, "grad_probabilities", axis);
+  if (dp.ref.dtype != p.ref.dtype) {
+    throw py::type_error(std::string("grad_probabilities: expected dtype ") +
+                         sdpa::dtype_name(p.ref.dtype) + " like probabilities, got " +
+                         sdpa::dtype_name(dp.ref.dtype));
+  }
+  if (dp.ref.shape != p.ref.shape) {
+    throw py::value_error("grad_probabilities: expected the shape of probabilities " +
+                          sdpa::shape_string(shape_of(py::array(probabilities))) + ", got " +
+                          sdpa::shape_string(shape_of(py::array(grad_probabilities))));
+  }
+  py::array dx = new_array(p.ref.dtype, p.ref.shape);
+  translate([&] {
+    if (p.ref.dtype == sdpa::DType::float32) {
+      backward_rows<float>(p, dp, dx, scale);
+    } else {
+      backward_rows<double>(p, dp, dx, scale);
+    }
+  });
+  return restore_axis(dx, axis);
+}
+
+// ---- lab ---------------------------------------------------------------------------------------
+
+#ifdef SDPA_PYTHON_HAS_LAB
+py::list lab_experiments() {
+  py::list out;
+  for (const auto& e : sdpa::lab::experiments()) {
+    py::dict d;
+    d["name"] = e.name;
+    d["summary"] = e.summary;
+    out.append(d);
+  }
+  return out;
+}
+
+py::object lab_run(const std::string& name, std::uint64_t seed, bool quick, int threads,
+                   const std::string& lang) {
+  std::string text;
+  translate([&] {
+    sdpa::lab::find_experiment(name);  // an unknown name fails before anything runs
+    sdpa::lab::LabOptions o;
+    o.seed = seed;
+    o.mode = quick ? sdpa::lab::Mode::quick : sdpa::lab::Mode::full;
+    o.lang = sdpa::lab::parse_lang(lang, "lang");
+    sdpa::resolve_threads(threads);
+    o.threads = threads;
+    o.progress = false;
+    py::gil_scoped_release release;
+    // The text `sdpa lab <name> --json` prints (run_experiment, then dump()), parsed by Python's
+    // json module: the same dict, "seconds" included.
+    text = sdpa::lab::run_experiment(name, o).dump(-1, ' ', false,
+                                                   nlohmann::json::error_handler_t::replace);
+  });
+  return py::module_::import("json").attr("loads")(text);
+}
+
+std::string lab_text(const py::object& result, const std::string& lang) {
+  const std::string text = py::module_::import("json")
+                               .attr("dumps")(result, py::arg("allow_nan") = false)
+                               .cast<std::string>();
+  return translate([&] {
+    const sdpa::lab::Lang l = sdpa::lab::parse_lang(lang, "lang");
+    const nlohmann::json j = nlohmann::json::parse(text);
+    py::gil_scoped_release release;
+    return sdpa::lab::render_text(j, l);
+  });
+}
+#endif
+
+// ---- documentation -----------------------------------------------------------------------------
+
+constexpr const char* kModuleDoc =
+    R"doc(Exact scaled dot-product attention on the CPU, softmax(Q K^T * scale + mask) V, forward and
+backward, with the semantics of PyTorch's torch.nn.functional.scaled_dot_product_attention.
+
+NumPy arrays in, NumPy arrays out. Shapes (any number of leading batch dimensions ``...``):
+
+    query (..., Hq, L, E)   key (..., Hkv, S, E)   value (..., Hkv, S, Ev)
+    out   (..., Hq, L, Ev)  lse (..., Hq, L)       attn_mask broadcastable to (..., Hq, L, S)
+
+query, key and value are float32 or float64 (all the same); the results have that dtype. Any
+other dtype raises TypeError (nothing is converted silently); C-contiguous inputs are used in
+place, others are copied first. Bad shapes or options raise ValueError naming the argument. The
+GIL is released while the computation runs. A row whose every key is masked gives zeros (and
+lse = -inf), where PyTorch 1.13 gives NaN.
+
+Functions: scaled_dot_product_attention, attention_forward, attention_backward, softmax,
+log_softmax, softmax_backward; the lab's experiments in sdpa.lab (when built with the lab).
+See docs/python.md.
+)doc";
+
+constexpr const char* kSdpaDoc =
+    R"doc(softmax(query @ key^T * scale + attn_mask) @ value, like PyTorch's function of this name.
+
+Arguments:
+  query: (..., Hq, L, E), float32 or float64.
+  key: (..., Hkv, S, E), the query's dtype.
+  value: (..., Hkv, S, Ev), the query's dtype.
+  attn_mask: None, or an array broadcastable to (..., Hq, L, S): bool (True = the key takes
+    part) or float32/float64 (added to the scaled scores; -inf allowed). Broadcast views are
+    not expanded.
+  dropout_p: must be 0.0; anything else raises NotImplementedError (no dropout yet).
+  is_causal: True is causal='upper-left' (PyTorch's tril(ones(L, S))).
+  scale: the score scale; None means 1/sqrt(E). Must be finite.
+  enable_gqa: grouped-query attention: Hq a multiple of Hkv; query head h reads key/value head
+    h // (Hq // Hkv), as repeat_interleave does.
+  causal (keyword): None, 'none', 'upper-left' or 'lower-right' (FlashAttention's
+    tril(ones(L, S), S - L)). Combines with attn_mask: a key must be allowed by both.
+  impl (keyword): 'fast' (the fused kernel), 'reference' (float64 accumulation) or 'naive'.
+  threads (keyword): 0 = one per core, else 1..1024.
+
+Returns out, (..., Hq, L, Ev), the query's dtype. Rows that see no key are zeros.
+Raises TypeError for dtypes, ValueError for shapes and options, NotImplementedError for
+dropout_p != 0.
+)doc";
+
+constexpr const char* kForwardDoc =
+    R"doc(The forward pass: (out, lse) when return_lse (the default), else out.
+
+Same arguments as scaled_dot_product_attention (without dropout_p). lse has shape (..., Hq, L)
+and the query's dtype: lse = log(sum_s exp(score[l, s])), the natural log-sum-exp of each row of
+scaled, masked scores; -inf for a row whose every key is masked. Pass out and lse on to
+attention_backward.
+)doc";
+
+constexpr const char* kBackwardDoc =
+    R"doc(The backward pass: (dq, dk, dv), the gradients of sum(out * grad_out) with respect to query, key
+and value, shaped like them, in the query's dtype.
+
+out and lse are attention_forward's results for the same inputs and options; grad_out has out's
+shape. The options (attn_mask, is_causal, scale, enable_gqa, causal) must be the forward's.
+Computes dS = P * (dP - rowsum(grad_out * out)); the softmax Jacobian is never formed. Rows whose
+every key is masked contribute zero gradients.
+)doc";
+
+constexpr const char* kSoftmaxDoc =
+    R"doc(Numerically stable softmax(scale * x) along `axis`, accumulated in float64 whatever the dtype.
+
+x: float32 or float64, rank >= 1. The maximum is subtracted before exp, so nothing overflows for
+finite logits (e.g. [1000, 10, 5]). -inf entries get 0; an all -inf row gives zeros; +inf
+entries share the probability equally; NaN in, NaN out. Returns an array of x's shape and dtype.
+)doc";
+
+constexpr const char* kLogSoftmaxDoc =
+    R"doc(log(softmax(scale * x)) along `axis`, computed without forming softmax (no log(0) for finite
+logits). x: float32 or float64, rank >= 1. An all -inf row gives -inf everywhere.
+)doc";
+
+constexpr const char* kSoftmaxBackwardDoc =
+    R"doc(The vector-Jacobian product of p = softmax(scale * x) along `axis`:
+grad_x = scale * p * (grad_p - sum(p * grad_p)). probabilities and grad_probabilities share
+shape and dtype (float32 or float64).
+)doc";
+
+}  // namespace
+
+PYBIND11_MODULE(sdpa, m) {
+  m.doc() = kModuleDoc;
+  m.attr("__version__") = sdpa::version();
+
+  m.def("scaled_dot_product_attention", &scaled_dot_product_attention, kSdpaDoc, py::arg("query"),
+        py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
+        py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
+        py::arg("enable_gqa") = false, py::kw_only(), py::arg("causal") = py::none(),
+        py::arg("impl") = "fast", py::arg("threads") = 0);
+
+  m.def("attention_forward", &forward, kForwardDoc, py::arg("query"), py::arg("key"),
+        py::arg("value"), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
+        py::arg("scale") = py::none(), py::arg("enable_gqa") = false, py::kw_only(),
+        py::arg("causal") = py::none(), py::arg("return_lse") = true, py::arg("impl") = "fast",
+        py::arg("threads") = 0);
+
+  m.def("attention_backward", &backward, kBackwardDoc, py::arg("query"), py::arg("key"),
+        py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"),
+        py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
+        py::arg("scale") = py::none(), py::arg("enable_gqa") = false, py::kw_only(),
+        py::arg("causal") = py::none(), py::arg("impl") = "fast", py::arg("threads") = 0);
+
+  m.def(
+      "softmax",
+      [](const py::object& x, int axis, double scale) {
+        return row_op(RowOp::softmax, x, axis, scale);
+      },
+      kSoftmaxDoc, py::arg("x"), py::arg("axis") = -1, py::arg("scale") = 1.0);
+  m.def(
+      "log_softmax",
+      [](const py::object& x, int axis, double scale) {
+        return row_op(RowOp::log_softmax, x, axis, scale);
+      },
+      kLogSoftmaxDoc, py::arg("x"), py::arg("axis") = -1, py::arg("scale") = 1.0);
+  m.def("softmax_backward", &softmax_backward, kSoftmaxBackwardDoc, py::arg("probabilities"),
+        py::arg("grad_probabilities"), py::arg("axis") = -1, py::arg("scale") = 1.0);
+
+  // For the tests of the zero-copy rule: the array the C++ code would read for this argument.
+  m.def(
+      "_prepared",
+      [](const py::object& x, bool mask) {
+        return prepare(x, mask ? "attn_mask" : "query", mask ? Role::mask : Role::floating).array;
+      },
+      py::arg("x"), py::arg("mask") = false);
+
+#ifdef SDPA_PYTHON_HAS_LAB
+  py::module_ lab = m.def_submodule(
+      "lab",
+      "The lab: experiments that measure the article's claims (why attention divides by "
+      "sqrt(d)).\nEach returns the dict `sdpa lab <name> --json` prints.");
+  lab.def("experiments", &lab_experiments,
+          "Every experiment as {'name': ..., 'summary': ...}, in the order `sdpa lab list` "
+          "shows them.");
+  lab.def("run", &lab_run,
+          "Runs experiment `name` and returns its result dict, the same object `sdpa lab <name> "
+          "--json` prints: {'experiment', 'seed', 'mode', 'seconds', 'claims', 'tables'}.\n"
+          "seed: the experiment's seed (same seed, same result except 'seconds'); quick: the "
+          "quick mode (False: full); threads: 0 = one per core; lang: 'en' or 'zh'.\n"
+          "Unknown names raise ValueError listing the valid ones. The GIL is released while it "
+          "runs.",
+          py::arg("name"), py::kw_only(), py::arg("seed") = 1, py::arg("quick") = true,
+          py::arg("threads") = 0, py::arg("lang") = "en");
+  lab.def("text", &lab_text,
+          "The readable text `sdpa lab <name>` prints (without --json) for a result dict of run(): "
+          "each claim with its theory, measurement, verdict and evidence, then the key rows of "
+          "the tables. lang: 'en' or 'zh' (the article's own words).",
+          py::arg("result"), py::kw_only(), py::arg("lang") = "en");
+  // `import sdpa.lab` works too, not only `sdpa.lab` as an attribute.
+  py::module_::import("sys").attr("modules")["sdpa.lab"] = lab;
+#endif
+}
