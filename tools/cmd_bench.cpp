@@ -1,0 +1,98 @@
+// sdpa bench: the benchmark people will quote (see src/bench/bench.h and docs/kernel.md).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "commands.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::cli {
+namespace {
+
+struct BenchArgs {
+  bench::BenchConfig config;
+  std::string causal = "none";
+  std::string impl = "fast";
+  bool peak = false;
+  bool json = false;
+};
+
+void print_human(const nlohmann::json& j) {
+  std::cout << fmt::format("{} {}: B={} H={} Hkv={} L={} S={} E={} Ev={} causal={}\n",
+                           j["impl"].get<std::string>(), j["pass"].get<std::string>(),
+                           j["batch"].get<std::int64_t>(), j["heads"].get<std::int64_t>(),
+                           j["kv_heads"].get<std::int64_t>(), j["seq"].get<std::int64_t>(),
+                           j["kv_seq"].get<std::int64_t>(), j["dim"].get<std::int64_t>(),
+                           j["value_dim"].get<std::int64_t>(), j["causal"].get<std::string>());
+  std::cout << fmt::format("  seconds: median {:.6f}  min {:.6f}  max {:.6f}  ({} runs)\n",
+                           j["seconds_median"].get<double>(), j["seconds_min"].get<double>(),
+                           j["seconds_max"].get<double>(), j["repeat"].get<int>());
+  std::cout << fmt::format(
+      "  {:.1f} GFLOP/s (median) = {:.1f}% of the measured FP32 peak {:.0f} GFLOP/s\n",
+      j["gflops_median"].get<double>(), j["percent_of_peak"].get<double>(),
+      j["peak_gflops"].get<double>());
+  std::cout << fmt::format(
+      "  per CPU-second: {:.1f}% of the loop's (CPU time {:.6f} s per call; robust to load)\n",
+      j["percent_of_peak_cpu_time"].get<double>(), j["cpu_seconds_median"].get<double>());
+  std::cout << fmt::format("  target {}, {} threads, CPU {}, peak RSS {:.0f} MiB\n",
+                           j["target"].get<std::string>(), j["threads"].get<int>(),
+                           j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time attention on random float32 inputs: median/min/max seconds, GFLOP/s (forward "
+      "4*B*H*L*S*E, halved when causal; backward 2.5x), % of the measured FP32 peak");
+  bench::BenchConfig& c = a->config;
+  cmd->add_option("--batch", c.batch, "B")->capture_default_str();
+  cmd->add_option("--heads", c.heads, "query heads H")->capture_default_str();
+  cmd->add_option("--kv-heads", c.kv_heads, "key/value heads (default: --heads; fewer: GQA)");
+  cmd->add_option("--seq", c.seq, "query length L")->capture_default_str();
+  cmd->add_option("--kv-seq", c.kv_seq, "key/value length S (default: --seq)");
+  cmd->add_option("--dim", c.dim, "query/key feature size E")->capture_default_str();
+  cmd->add_option("--value-dim", c.value_dim, "value feature size Ev (default: --dim)");
+  cmd->add_option("--causal", a->causal, "none, upper-left or lower-right")->capture_default_str();
+  cmd->add_flag("--backward", c.backward, "time the backward pass (forward done beforehand)");
+  cmd->add_option("--impl", a->impl, "fast, reference or naive")->capture_default_str();
+  cmd->add_option("--threads", c.threads, "threads (0: one per core)")->capture_default_str();
+  cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
+  cmd->add_flag("--peak", a->peak,
+                "only measure the FP32 FMA peak (register-only loop, best SIMD target)");
+  cmd->add_flag("--json", a->json,
+                "print one JSON object (\"seconds_median\", \"gflops_median\", ...)");
+  cmd->callback([a] {
+    if (a->peak) {
+      const int threads = resolve_threads(a->config.threads);
+      const bench::PeakResult peak = bench::measure_peak(threads);
+      if (a->json) {
+        std::cout << nlohmann::json{{"peak_gflops", peak.wall_gflops},
+                                    {"peak_gflops_per_cpu_second", peak.cpu_gflops},
+                                    {"threads", threads}}
+                         .dump()
+                  << "\n";
+      } else {
+        std::cout << fmt::format(
+            "FP32 FMA peak: {:.1f} GFLOP/s on {} threads ({:.1f} per CPU-second)\n",
+            peak.wall_gflops, threads, peak.cpu_gflops);
+      }
+      return;
+    }
+    a->config.causal = parse_causal(a->causal);
+    a->config.impl = parse_impl(a->impl);
+    const nlohmann::json j = bench::run_bench(a->config);
+    if (a->json) {
+      std::cout << j.dump() << "\n";
+    } else {
+      print_human(j);
+    }
+  });
+}
+
+}  // namespace sdpa::cli
