@@ -23,7 +23,7 @@ def contract(dtype):
 
 def relative_error(ours, ref, valid=None):
     """max |ours - ref| / max |ref| over the entries where `valid` is true (all by default), and
-    the index of the worst entry. NaN or inf in ours where ref is finite counts as infinite."""
+    the index of the worst entry. NaN in ours or in ref counts as an infinite error."""
     ours = np.asarray(ours, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert ours.shape == ref.shape, f"shape {ours.shape} != expected {ref.shape}"
@@ -32,6 +32,9 @@ def relative_error(ours, ref, valid=None):
     valid = np.broadcast_to(valid, ref.shape)
     if not valid.any():
         return 0.0, None
+    if np.isnan(ref[valid]).any():  # would make every comparison below vacuously false
+        worst = np.unravel_index(int(np.argmax(np.isnan(ref) & valid)), ref.shape)
+        return np.inf, worst
     with np.errstate(invalid="ignore"):  # -inf - -inf at entries outside `valid`
         diff = np.where(valid, np.abs(ours - ref), 0.0)
     diff = np.where(np.isnan(diff), np.inf, diff)

@@ -16,7 +16,8 @@ from conftest import assert_close, contract
 def numpy_attention(q, k, v, mask=None, scale=None):
     """softmax(q k^T * scale + mask) v in float64 (no fully masked rows expected)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
     s = q @ np.swapaxes(k, -1, -2) * scale
     if mask is not None:
         s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
@@ -327,3 +328,32 @@ def test_threads_option_and_concurrent_callers():
         w.join()
     for r in results:
         assert_close("concurrent", r, expected, contract(np.float64))
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference", "naive"])
+@pytest.mark.parametrize("L,S,E,Ev", [(0, 3, 4, 5), (3, 0, 4, 5), (3, 4, 0, 5), (3, 4, 5, 0)])
+def test_zero_sizes(impl, L, S, E, Ev):
+    """Empty dimensions are valid: S = 0 leaves every row without a key (zeros, lse = -inf);
+    E = 0 makes every score 0 (out = mean of value rows, lse = log S)."""
+    rng = np.random.default_rng(L * 1000 + S * 100 + E * 10 + Ev)
+    q = rng.standard_normal((2, L, E))
+    k = rng.standard_normal((2, S, E))
+    v = rng.standard_normal((2, S, Ev))
+    out, lse = sdpa.attention_forward(q, k, v, impl=impl)
+    assert out.shape == (2, L, Ev) and lse.shape == (2, L)
+    if S == 0:
+        assert np.all(out == 0) and np.all(np.isneginf(lse))
+    elif L > 0:
+        s = q @ np.swapaxes(k, -1, -2) / (np.sqrt(E) if E else 1.0)
+        m = s.max(-1, keepdims=True)
+        expected_lse = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+        assert_close("lse", lse, expected_lse, contract(np.float64))
+        if Ev > 0:
+            assert_close("out", out, numpy_attention(q, k, v), contract(np.float64))
+    dq, dk, dv = sdpa.attention_backward(q, k, v, out, lse, np.ones_like(out), impl=impl)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    if E == 0 and L > 0:
+        # p = 1/S everywhere, so dv[s] = sum_l p * grad_out[l] = L / S for each entry.
+        assert_close("dv", dv, np.full(v.shape, L / S), contract(np.float64))
+    # Every case has an empty dimension that makes the scores' gradient vanish (or dq, dk empty).
+    assert np.all(dq == 0) and np.all(dk == 0)
