@@ -49,4 +49,17 @@ const Experiment& find_experiment(const std::string& name);
 /// Claim C8: train small attention models with each scale (src/lab/train.cpp).
 json run_train(const LabOptions& options);
 
+/// Runs the experiment `name` (find_experiment) and adds "seconds" (wall time, 0.01 s).
+json run_experiment(const std::string& name, const LabOptions& options);
+
+/// The human-readable text of a result (the common form above) in `lang`: for each claim the
+/// claim (the article's Chinese words with Lang::zh), theory, measurement, verdict and
+/// evidence, then the key rows of the experiment's tables. Results of unknown experiments get
+/// the first rows of every table. The report and the Python module call this too.
+std::string render_text(const json& result, Lang lang);
+
+/// "en" / "zh" -> Lang, "quick" / "full" -> Mode; throws sdpa::Error naming `what` otherwise.
+Lang parse_lang(const std::string& text, const std::string& what = "--lang");
+Mode parse_mode(const std::string& text, const std::string& what = "--mode");
+
 }  // namespace sdpa::lab

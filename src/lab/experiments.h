@@ -1,0 +1,15 @@
+// The lab's experiments (one file each) and what two of them share.
+#pragma once
+
+#include "lab/lab.h"
+
+namespace sdpa::lab {
+
+json run_softmax(const LabOptions& options);      // exp_softmax.cpp: C1, C2
+json run_derive(const LabOptions& options);       // exp_derive.cpp: C3-C6
+json run_variance(const LabOptions& options);     // exp_variance.cpp: C3-C6
+json run_saturation(const LabOptions& options);   // exp_saturation.cpp: C7
+json run_temperature(const LabOptions& options);  // exp_temperature.cpp: C1, C7
+json run_precision(const LabOptions& options);    // exp_precision.cpp: C2, C7
+
+}  // namespace sdpa::lab

@@ -1,0 +1,112 @@
+#include "lab/verdicts.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace sdpa::lab {
+
+int binomial_lower_bound(int n, double p, double alpha) {
+  // P(X = k) built up in log space: n is at most a few thousand here, so the direct sum is exact
+  // enough (terms below 1e-300 do not matter against alpha >= 1e-6).
+  double cdf = 0.0;
+  for (int k = 0; k <= n; ++k) {
+    const double log_pk = std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
+                          k * std::log(p) + (n - k) * std::log1p(-p);
+    const double next = cdf + std::exp(log_pk);  // P(X <= k)
+    if (next > alpha) return k;                  // P(X < k) = cdf <= alpha
+    cdf = next;
+  }
+  return n;
+}
+
+bool coverage_consistent(int covered, int total, double p, double alpha) {
+  if (total <= 0) return false;
+  return covered >= binomial_lower_bound(total, p, alpha);
+}
+
+Verdict verdict_sensitivity(double max_prob_at_large_scale, double normalized_entropy_at_small) {
+  if (max_prob_at_large_scale >= 0.99 && normalized_entropy_at_small >= 0.99) {
+    return Verdict::holds();
+  }
+  return Verdict::fails();
+}
+
+Verdict verdict_article_row(bool stable_finite, double p0, double log10_nonmax_gradient,
+                            bool naive_nan) {
+  const bool near_one_hot = stable_finite && std::fabs(p0 - 1.0) <= 1e-12;
+  const bool no_gradient = log10_nonmax_gradient < -100.0;
+  if (!near_one_hot || !no_gradient) return Verdict::fails();
+  if (naive_nan) {
+    return Verdict::holds_if(
+        "softmax is computed stably (row max subtracted before exp); the naive exp(x)/sum(exp(x)) "
+        "overflows to NaN instead of [1, 0, 0]");
+  }
+  return Verdict::holds();
+}
+
+Verdict verdict_stable_vs_naive(bool stable_all_finite, double naive_nan_fraction) {
+  if (!stable_all_finite) return Verdict::fails();
+  if (naive_nan_fraction > 0.0) {
+    return Verdict::holds_if(
+        "softmax subtracts the row max before exp (as the library does); the naive formula "
+        "turns to NaN once a logit passes ln(max float)");
+  }
+  return Verdict::holds();
+}
+
+Verdict verdict_coverage(int covered, int total) {
+  return coverage_consistent(covered, total) ? Verdict::holds() : Verdict::fails();
+}
+
+Verdict verdict_interval(double theory, double low, double high) {
+  return (theory >= low && theory <= high) ? Verdict::holds() : Verdict::fails();
+}
+
+Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures) {
+  if (!coverage_consistent(covered, total)) return Verdict::fails();
+  std::string listed;
+  // A factor 2 in the variance softmax sees (sqrt(2) in the scale) is where the choice of
+  // normaliser starts to matter as much as a doubling of d does.
+  const double band = std::sqrt(2.0);
+  for (const auto& dep : departures) {
+    if (!dep.confirmed) continue;
+    if (dep.right_scale_ratio > band || dep.right_scale_ratio < 1.0 / band) {
+      if (!listed.empty()) listed += "; ";
+      listed += fmt::format("{} needs {:.3g} x 1/sqrt(d)", dep.case_name, dep.right_scale_ratio);
+    }
+  }
+  if (listed.empty()) return Verdict::holds();
+  return Verdict::holds_if(
+      "the components of q and k are independent with mean 0 (a mean in k is harmless: it shifts "
+      "whole rows, which softmax ignores); measured departures: " +
+      listed);
+}
+
+Verdict verdict_saturation(const SaturationSummary& s) {
+  const bool unscaled_saturates = s.unscaled_max_prob >= 0.9 && s.unscaled_dead >= 0.2;
+  const bool scaled_stable = s.scaled_dead <= 0.01 && s.scaled_max_prob < 0.5;
+  if (!unscaled_saturates || !scaled_stable) return Verdict::fails();
+  if (s.unscaled_mean_ratio > 1.0) {
+    return Verdict::holds_if(
+        "'the gradient vanishes' is read per row (median, dead fraction): on average the unscaled "
+        "gradient is larger, carried by a few near-tied rows that explode");
+  }
+  return Verdict::holds();
+}
+
+Verdict verdict_temperature(double dead_at_c1, double tail_ratio_at_c1, double dead_unscaled,
+                            double tail_ratio_unscaled) {
+  const auto healthy = [](double dead, double tail) { return dead <= 0.01 && tail <= 5.0; };
+  return (healthy(dead_at_c1, tail_ratio_at_c1) && !healthy(dead_unscaled, tail_ratio_unscaled))
+             ? Verdict::holds()
+             : Verdict::fails();
+}
+
+Verdict verdict_precision(double bits_lost, double naive_nan_unscaled, double naive_nan_scaled) {
+  return (bits_lost >= 1.0 && naive_nan_scaled == 0.0 && naive_nan_unscaled > 0.0)
+             ? Verdict::holds()
+             : Verdict::fails();
+}
+
+}  // namespace sdpa::lab
