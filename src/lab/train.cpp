@@ -200,8 +200,9 @@ json summary_json(const SummaryRow& r) {
 
 std::string claim_text(Lang lang) {
   if (lang == Lang::zh) {
-    return "如果不进行缩放，Softmax 陷入饱和区，梯度几乎无法传播到非最大值的位置，"
-           "整个网络在这个节点上就“卡死”了，模型几乎无法学习。";
+    // The article's own words (sections 1 and 4), joined.
+    return "如果不进行缩放，数值过大会导致 Softmax 陷入饱和区，引发梯度消失；梯度几乎无法传播到"
+           "非最大值的位置，整个网络在这个节点上就“卡死”了，模型几乎无法学习。";
   }
   return "Without the 1/sqrt(d) scaling, softmax saturates, almost no gradient reaches the "
          "non-maximal positions, the network \"gets stuck\" at that point and can hardly learn.";
