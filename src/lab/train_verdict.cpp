@@ -95,12 +95,16 @@ std::string evidence_for(const PerD& x, const VerdictContext& ctx, Lang lang) {
     case Outcome::slower:
       return zh ? fmt::format(
                       "d={}：不缩放的注意力{}；它能学会，但达到 90% 需要 {} 步，是 "
-                      "1/sqrt(d)（{} 步）的 {:.3g} 倍。",
-                      x.d, start, *u.steps_to_acc90, *s.steps_to_acc90, x.step_ratio)
+                      "1/sqrt(d)（{} 步）的 {:.3g} 倍；{}/{} 个学习率达到 "
+                      "90%（1/sqrt(d)：{}/{}）。",
+                      x.d, start, *u.steps_to_acc90, *s.steps_to_acc90, x.step_ratio,
+                      u.lrs_reaching_90, u.n_lrs, s.lrs_reaching_90, s.n_lrs)
                 : fmt::format(
                       "d={}: unscaled attention {}; it learns, but needs {} steps to "
-                      "reach 90%, {:.3g}x the {} of 1/sqrt(d).",
-                      x.d, start, *u.steps_to_acc90, x.step_ratio, *s.steps_to_acc90);
+                      "reach 90%, {:.3g}x the {} of 1/sqrt(d), and reaches it at {}/{} rates "
+                      "(1/sqrt(d): {}/{}).",
+                      x.d, start, *u.steps_to_acc90, x.step_ratio, *s.steps_to_acc90,
+                      u.lrs_reaching_90, u.n_lrs, s.lrs_reaching_90, s.n_lrs);
     case Outcome::similar:
       return zh ? fmt::format(
                       "d={}：不缩放的注意力{}；但它达到 90% 只用 {} 步（1/sqrt(d)：{} "

@@ -234,6 +234,7 @@ TEST(TrainVerdict, FollowsTheNumbersAndFlipsWithThem) {
   EXPECT_NE(v.evidence.find("slower"), std::string::npos) << v.evidence;
   EXPECT_NE(v.evidence.find("at d = 256."), std::string::npos) << v.evidence;  // not at 16 (1.5x)
   EXPECT_NE(v.evidence.find("2.5x"), std::string::npos) << v.evidence;
+  EXPECT_NE(v.evidence.find("at 3/5 rates (1/sqrt(d): 3/5)"), std::string::npos) << v.evidence;
   // Within a factor 2 everywhere: fails, no slowdown claimed.
   v = judge_c8(rows_for(50, 40, 60, 40), ctx, Lang::en);
   EXPECT_EQ(v.verdict, "fails");
