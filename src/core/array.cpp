@@ -1,10 +1,14 @@
+#include "sdpa/array.h"
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
-#include "sdpa/array.h"
+#include "core/problem.h"
 
 namespace sdpa {
 
@@ -21,31 +25,98 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
 std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t element_size,
                            const std::string& what) {
   const std::int64_t limit = (std::int64_t{1} << 62) / static_cast<std::int64_t>(element_size);
-  std::int64_t n = 1;
-  bool zero = false;
   for (std::int64_t d : shape) {
     if (d < 0) {
       throw Error(fmt::format("{}: expected non-negative dimensions, got shape {}", what,
                               shape_string(shape)));
     }
-    if (d == 0) zero = true;
   }
-  if (zero) return 0;
+  // Like NumPy ("array is too big"), the product of the non-zero dimensions must fit even when
+  // a zero makes the array empty: otherwise (0, 2^62, 2^62) passes, and products of its other
+  // dimensions (batch sizes, row counts, derived output shapes) overflow int64.
+  std::int64_t n = 1;
+  bool zero = false;
   for (std::int64_t d : shape) {
+    if (d == 0) {
+      zero = true;
+      continue;
+    }
     if (n > limit / d) {
       throw Error(fmt::format("{}: shape {} has more than 2^62 bytes of elements", what,
                               shape_string(shape)));
     }
     n *= d;
   }
-  return n;
+  return zero ? 0 : n;
 }
+
+namespace detail {
+
+namespace {
+// The first number in `path` (a /proc or /sys file), or -1 if it cannot be read.
+std::int64_t read_number(const char* path, const char* key = nullptr) {
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  std::int64_t value = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    const char* p = line;
+    if (key != nullptr) {
+      const std::size_t n = std::strlen(key);
+      if (std::strncmp(line, key, n) != 0) continue;
+      p += n;
+    }
+    char* end = nullptr;
+    const long long v = std::strtoll(p, &end, 10);
+    if (end != p) value = v;
+    break;
+  }
+  std::fclose(f);
+  return value;
+}
+}  // namespace
+
+std::int64_t available_memory_bytes() {
+  std::int64_t available = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t mem = read_number("/proc/meminfo", "MemAvailable:");
+  const std::int64_t swap = read_number("/proc/meminfo", "SwapFree:");
+  if (mem >= 0) available = (mem + std::max<std::int64_t>(swap, 0)) * 1024;  // kB
+  // A container's own limit, cgroup v2 then v1 ("max" or a huge number when unlimited).
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const std::int64_t limit = read_number(limit_path), usage = read_number(usage_path);
+    if (limit > 0 && usage >= 0 && limit > usage) available = std::min(available, limit - usage);
+  }
+  return available;
+}
+
+void check_allocation(std::int64_t bytes, const std::string& what) {
+  // Asking the kernel costs ~20 us; below 64 MiB an allocation cannot be the absurd kind.
+  constexpr std::int64_t kAlwaysFine = std::int64_t{64} << 20;
+  if (bytes < kAlwaysFine) return;
+  const std::int64_t available = available_memory_bytes();
+  if (bytes > available) {
+    throw Error(
+        fmt::format("{}: needs {} bytes ({:.1f} GiB), more than the {} bytes ({:.1f} GiB) "
+                    "of memory available",
+                    what, bytes, bytes / 1073741824.0, available, available / 1073741824.0));
+  }
+}
+
+}  // namespace detail
 
 void Array::Free::operator()(void* p) const { std::free(p); }
 
 Array::Array(DType dtype, std::vector<std::int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)) {
   numel_ = checked_numel(shape_, dtype_size(dtype_), "array");
+  // Refuse what cannot fit rather than let the zero fill below summon the OOM killer.
+  detail::check_allocation(
+      static_cast<std::int64_t>(nbytes()),
+      fmt::format("array of shape {} ({})", shape_string(shape_), dtype_name(dtype_)));
   // 64-byte aligned, size rounded up to the alignment as aligned_alloc requires.
   const std::size_t bytes = ((nbytes() + 63) / 64) * 64;
   void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);

@@ -40,7 +40,9 @@ void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_
     throw Error(fmt::format("{}: expected shape {}, got {}", what, shape_string(shape),
                             shape_string(t.shape)));
   }
-  if (t.data == nullptr && t.numel() != 0) {
+  // Checked: an output's shape is derived from several inputs and may overflow where none did.
+  const std::int64_t n = checked_numel(t.shape, dtype_size(t.dtype), what);
+  if (t.data == nullptr && n != 0) {
     throw Error(fmt::format("{}: data pointer is null", what));
   }
 }

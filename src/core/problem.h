@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "sdpa/sdpa.h"
@@ -77,6 +78,14 @@ struct Problem {
 /// Validates query/key/value/mask and the options, and fills a Problem (data pointers included).
 Problem resolve_problem(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                         const TensorRef* mask, const AttentionOptions& options);
+
+/// Bytes of memory this process can still get: MemAvailable + SwapFree, or less when its cgroup
+/// limits it; INT64_MAX when unknown.
+std::int64_t available_memory_bytes();
+
+/// Throws sdpa::Error naming `what` when `bytes` exceed available_memory_bytes(). Called before
+/// large allocations, so that an absurd request is a clear error instead of the OOM killer.
+void check_allocation(std::int64_t bytes, const std::string& what);
 
 /// Throws unless `t` has exactly `dtype` and `shape`; `what` names the argument.
 void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_t>& shape,
