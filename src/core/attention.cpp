@@ -120,6 +120,9 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   out_shape.back() = p.Ev;
   detail::check_tensor(out, p.dtype, out_shape, "out");
   if (lse != nullptr) detail::check_tensor(*lse, p.dtype, attention_lse_shape(query), "lse");
+  // Nothing to write: return before an implementation loops over B * Hq * L rows, which an empty
+  // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
+  if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
   void* lse_data = lse != nullptr ? lse->data : nullptr;
   switch (options.impl) {
     case Impl::reference:
@@ -148,6 +151,8 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   detail::check_tensor(grad_query, p.dtype, query.shape, "grad_query");
   detail::check_tensor(grad_key, p.dtype, key.shape, "grad_key");
   detail::check_tensor(grad_value, p.dtype, value.shape, "grad_value");
+  // Nothing to write (see attention_forward).
+  if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
   switch (options.impl) {
     case Impl::reference:
       detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data,
