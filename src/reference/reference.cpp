@@ -20,6 +20,7 @@ double row_probabilities(const Problem& p, std::int64_t b, std::int64_t h, std::
   const T* k = static_cast<const T*>(p.key) + (b * p.Hkv + hk) * p.S * p.E;
   const std::int64_t last = p.last_causal_key(l);
   double max_score = kNegInf;
+  bool any_nan = false;
   for (std::int64_t s = 0; s < p.S; ++s) {
     double bias = 0.0;
     if (s > last) {
@@ -35,6 +36,11 @@ double row_probabilities(const Problem& p, std::int64_t b, std::int64_t h, std::
     for (std::int64_t e = 0; e < p.E; ++e) dot += double(q[e]) * double(k[s * p.E + e]);
     scores[s] = p.scale * dot + bias;
     if (scores[s] > max_score) max_score = scores[s];
+    if (std::isnan(scores[s])) any_nan = true;
+  }
+  if (any_nan) {  // NaN in, NaN out: a NaN score must not pass for a row without visible keys
+    for (std::int64_t s = 0; s < p.S; ++s) probs[s] = std::numeric_limits<double>::quiet_NaN();
+    return std::numeric_limits<double>::quiet_NaN();
   }
   if (max_score == kNegInf) {  // no visible key
     for (std::int64_t s = 0; s < p.S; ++s) probs[s] = 0.0;
