@@ -307,6 +307,16 @@ void write_npy_all(const std::vector<std::pair<std::string, TensorRef>>& files) 
     for (const auto& t : temps) std::remove(t.c_str());
     throw;
   }
+  // rename() over a directory fails; found after the first renames, that failure would leave
+  // some outputs written. The temporaries sit beside their destinations, so the other causes
+  // (permissions, read-only file systems) already failed in write_temporary.
+  for (const auto& [path, tensor] : files) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      for (const auto& t : temps) std::remove(t.c_str());
+      throw Error(fmt::format("{}: expected a file to write, found a directory", path));
+    }
+  }
   for (std::size_t i = 0; i < files.size(); ++i) {
     if (std::rename(temps[i].c_str(), files[i].first.c_str()) != 0) {
       const std::string why = errno_text();
