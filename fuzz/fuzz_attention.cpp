@@ -116,7 +116,11 @@ Filled fill(Bytes& in, DType dtype, const std::vector<std::int64_t>& shape, bool
   Filled f;
   const std::int64_t n = numel_or_max(shape);
   if (n < 0 || n > kMaxElements) return f;
-  f.array = sdpa::Array(dtype, shape);
+  try {
+    f.array = sdpa::Array(dtype, shape);
+  } catch (const sdpa::Error&) {
+    return f;  // empty, but its other dimensions overflow: attention must refuse it too
+  }
   f.allocated = true;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint8_t b = in.empty() ? static_cast<std::uint8_t>((i * 37 + 11) % 240) : in.next();
@@ -285,8 +289,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::int64_t> ls(qs.begin(), qs.end() - 1);
   const std::int64_t on = numel_or_max(os), ln = numel_or_max(ls);
   sdpa::Array out, lse;
-  if (on >= 0 && on <= kMaxElements) out = sdpa::Array(dtype, os);
-  if (ln >= 0 && ln <= kMaxElements) lse = sdpa::Array(dtype, ls);
+  try {
+    if (on >= 0 && on <= kMaxElements) out = sdpa::Array(dtype, os);
+    if (ln >= 0 && ln <= kMaxElements) lse = sdpa::Array(dtype, ls);
+  } catch (const sdpa::Error&) {
+    // as in fill(): left unallocated, so attention_forward must refuse the call
+  }
   const sdpa::MutableTensorRef outr{out.numel() > 0 ? out.data() : nullptr, dtype, os};
   const sdpa::MutableTensorRef lser{lse.numel() > 0 ? lse.data() : nullptr, dtype, ls};
   try {
