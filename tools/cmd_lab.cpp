@@ -44,10 +44,22 @@ void run_one(const std::string& name, const LabArgs& a) {
 void add_lab_command(CLI::App& app) {
   CLI::App* lab_cmd = app.add_subcommand(
       "lab", "Measure the article's claims (C1-C8) on why attention divides by sqrt(d)");
-  lab_cmd->require_subcommand(1);
+  // Not require_subcommand: CLI11 would then say only "A subcommand is required"; collecting
+  // the extras lets the message name what was given and list what is valid.
+  lab_cmd->require_subcommand(0, 1);
+  lab_cmd->allow_extras();
+  lab_cmd->callback([lab_cmd] {
+    if (!lab_cmd->get_subcommands().empty()) return;
+    std::string names = "list";
+    for (const auto& e : lab::experiments()) names += ", " + e.name;
+    const auto extras = lab_cmd->remaining();
+    throw Error(fmt::format("lab: expected an experiment name or list ({}), got {}", names,
+                            extras.empty() ? std::string("nothing") : "'" + extras[0] + "'"));
+  });
 
   auto list_json = std::make_shared<bool>(false);
   CLI::App* list = lab_cmd->add_subcommand("list", "List the experiments");
+  list->allow_extras(false);
   list->add_flag("--json", *list_json, "print one JSON object {\"experiments\": [...]}");
   list->callback([list_json] {
     if (*list_json) {
@@ -66,6 +78,7 @@ void add_lab_command(CLI::App& app) {
   for (const auto& e : lab::experiments()) {
     auto args = std::make_shared<LabArgs>();
     CLI::App* cmd = lab_cmd->add_subcommand(e.name, e.summary);
+    cmd->allow_extras(false);  // inherited from lab_cmd otherwise: --bogus must be an error
     cmd->add_option("--seed", args->seed, "seed of every random sample (same seed, same output)")
         ->capture_default_str();
     auto* quick = cmd->add_flag("--quick", args->quick, "few samples, seconds (the default)");

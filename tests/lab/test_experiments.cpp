@@ -1,0 +1,323 @@
+// Every experiment in quick mode: the documented form (docs/lab.md), byte-identical output for
+// 1 and 2 threads, verdicts that agree with the tables, and properties of the numbers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "lab/common.h"
+#include "lab/lab.h"
+#include "lab/verdicts.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::lab {
+namespace {
+
+// The columns docs/lab.md promises for each table (more may be added, none removed).
+const std::map<std::string, std::vector<std::string>> kColumns = {
+    {"article",
+     {"i", "logit", "probability", "log_probability", "log10_probability", "naive_float16",
+      "naive_bfloat16", "naive_float32", "naive_float64", "log10_jacobian_row_norm"}},
+    {"article_jacobian", {"i", "j", "value", "log10_abs_exact"}},
+    {"overflow", {"format", "max_finite", "ln_max", "exp_overflow_measured", "naive_article_p0"}},
+    {"sweep",
+     {"logits", "c", "entropy", "normalized_entropy", "max_prob", "effective_support",
+      "jacobian_norm"}},
+    {"derive",
+     {"distribution", "d", "samples", "term", "theory", "estimate", "ci_low", "ci_high",
+      "covered"}},
+    {"variance",
+     {"distribution", "d", "samples", "mean", "mean_ci_low", "mean_ci_high", "variance",
+      "variance_ci_low", "variance_ci_high", "theory_variance", "scaled_variance",
+      "scaled_variance_ci_low", "scaled_variance_ci_high", "mean_covered", "variance_covered",
+      "kurtosis"}},
+    {"variance_noniid",
+     {"case",
+      "parameter",
+      "d",
+      "samples",
+      "mean",
+      "mean_ci_low",
+      "mean_ci_high",
+      "theory_mean",
+      "variance",
+      "variance_ci_low",
+      "variance_ci_high",
+      "theory_variance",
+      "within_row_variance",
+      "within_row_ci_low",
+      "within_row_ci_high",
+      "within_row_theory",
+      "mean_covered",
+      "variance_covered",
+      "within_row_covered",
+      "right_scale_ratio"}},
+    {"saturation",
+     {"d",
+      "n_keys",
+      "scale",
+      "scale_value",
+      "rows",
+      "logit_std",
+      "logit_std_measured",
+      "entropy",
+      "entropy_theory",
+      "regime",
+      "max_prob",
+      "effective_support",
+      "jacobian_norm",
+      "grad_q_norm",
+      "grad_q_mean",
+      "grad_q_p99",
+      "grad_q_dead",
+      "grad_k_norm",
+      "grad_k_mean",
+      "grad_k_p99",
+      "grad_k_dead",
+      "grad_logits_norm",
+      "grad_logits_mean",
+      "grad_logits_p99",
+      "grad_logits_dead"}},
+    {"freezing", {"n_keys", "freezing_d", "first_parted_d"}},
+    {"score_histogram",
+     {"d", "scale", "bin_low", "bin_high", "count", "density", "theory_density"}},
+    {"temperature",
+     {"d", "n_keys", "rows", "c", "scale_value", "entropy", "normalized_entropy", "max_prob",
+      "effective_support", "jacobian_norm", "grad_q_norm", "grad_q_mean", "grad_q_p99",
+      "grad_q_dead", "grad_k_norm", "grad_logits_norm", "output_diversity"}},
+    {"precision",
+     {"format", "scale", "d", "n_keys", "rows", "logit_rms", "logit_rounding_rms",
+      "prob_rel_error_rms", "effective_bits", "significant_logit_rms", "bits_lost",
+      "bits_lost_theory", "bits_lost_sqrt_d"}},
+    {"naive_nan",
+     {"format", "scale", "d", "n_keys", "rows", "nan_fraction", "max_logit_median", "ln_max",
+      "theory_d_threshold"}},
+};
+
+const std::map<std::string, std::vector<std::string>> kTables = {
+    {"softmax", {"article", "article_jacobian", "overflow", "sweep"}},
+    {"derive", {"derive"}},
+    {"variance", {"variance", "variance_noniid"}},
+    {"saturation", {"saturation", "freezing", "score_histogram"}},
+    {"temperature", {"temperature"}},
+    {"precision", {"precision", "naive_nan"}},
+};
+
+json run(const std::string& name, int threads, std::uint64_t seed = 1) {
+  LabOptions o;
+  o.seed = seed;
+  o.threads = threads;
+  json r = run_experiment(name, o);
+  EXPECT_TRUE(r.contains("seconds") && r["seconds"].is_number()) << name;
+  r.erase("seconds");
+  return r;
+}
+
+double num_of(const json& v) {
+  if (v.is_string()) {
+    const auto s = v.get<std::string>();
+    return s == "nan" ? NAN : s == "inf" ? INFINITY : -INFINITY;
+  }
+  return v.get<double>();
+}
+
+// The common form, the documented tables and columns, and consistent rows.
+void check_form(const std::string& name, const json& r) {
+  EXPECT_EQ(r["experiment"], name);
+  EXPECT_EQ(r["seed"], 1);
+  EXPECT_EQ(r["mode"], "quick");
+  EXPECT_EQ(r["lang"], "en");
+  ASSERT_TRUE(r["claims"].is_array());
+  ASSERT_FALSE(r["claims"].empty()) << name;
+  for (const auto& c : r["claims"]) {
+    for (const char* k : {"id", "claim", "claim_en", "claim_zh", "theory", "measurement", "verdict",
+                          "condition", "evidence"}) {
+      ASSERT_TRUE(c.contains(k) && c[k].is_string()) << name << " claim lacks " << k;
+    }
+    const std::string v = c["verdict"];
+    EXPECT_TRUE(v == "holds" || v == "fails" || v == "holds-if") << name << ": " << v;
+    EXPECT_EQ(v == "holds-if", !c["condition"].get<std::string>().empty()) << name;
+    EXPECT_EQ(c["claim"], c["claim_en"]);
+    EXPECT_EQ(c["claim_zh"], claim_text(c["id"], Lang::zh));
+  }
+  for (const auto& t : kTables.at(name)) {
+    ASSERT_TRUE(r["tables"].contains(t)) << name << " lacks table " << t;
+    const json& rows = r["tables"][t];
+    ASSERT_TRUE(rows.is_array() && !rows.empty()) << t;
+    std::set<std::string> keys0;
+    for (const auto& [k, v] : rows[0].items()) keys0.insert(k);
+    for (const auto& col : kColumns.at(t)) {
+      EXPECT_TRUE(keys0.count(col)) << "table " << t << " lacks column " << col;
+    }
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::set<std::string> keys;
+      for (const auto& [k, v] : rows[i].items()) keys.insert(k);
+      ASSERT_EQ(keys, keys0) << "table " << t << " row " << i << " has other keys";
+    }
+  }
+}
+
+class Experiment : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Experiment, FormAndSameOutputForOneAndTwoThreads) {
+  const std::string name = GetParam();
+  const json one = run(name, 1), two = run(name, 2);
+  check_form(name, two);
+  const std::string a = one.dump(), b = two.dump();
+  if (a != b) {
+    std::size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    FAIL() << name << ": 1 and 2 threads differ at byte " << i << ": ..."
+           << a.substr(i > 80 ? i - 80 : 0, 160) << " vs ..." << b.substr(i > 80 ? i - 80 : 0, 160);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Lab, Experiment,
+                         ::testing::Values("softmax", "derive", "variance", "saturation",
+                                           "temperature", "precision"));
+
+TEST(Lab, AnotherSeedGivesOtherSamples) {
+  const json a = run("derive", 2, 1), b = run("derive", 2, 2);
+  EXPECT_NE(a["tables"].dump(), b["tables"].dump());
+  // Every estimate that has sampling noise differs (Rademacher's q_i^2 k_i^2 is always 1).
+  int random = 0, differ = 0;
+  for (std::size_t i = 0; i < a["tables"]["derive"].size(); ++i) {
+    const json& ra = a["tables"]["derive"][i];
+    if (ra["ci_low"] == ra["ci_high"]) continue;
+    ++random;
+    differ += ra["estimate"] != b["tables"]["derive"][i]["estimate"];
+  }
+  EXPECT_GE(random, 30);
+  EXPECT_EQ(differ, random);
+}
+
+TEST(Lab, ListsEveryExperimentTrainLast) {
+  std::vector<std::string> names;
+  for (const auto& e : experiments()) names.push_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"softmax", "derive", "variance", "saturation",
+                                             "temperature", "precision", "train"}));
+  EXPECT_THROW(find_experiment("nope"), Error);
+  try {
+    find_experiment("nope");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("saturation"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Variance, AboutNinetyFivePercentOfRowsHoldTheirTheory) {
+  const json r = run("variance", 2);
+  const json& rows = r["tables"]["variance"];
+  int var_cov = 0, mean_cov = 0, n = 0;
+  for (const auto& row : rows) {
+    const double d = row["d"], lo = row["variance_ci_low"], hi = row["variance_ci_high"];
+    EXPECT_EQ(row["theory_variance"].get<double>(), d);
+    EXPECT_EQ(row["variance_covered"].get<bool>(), lo <= d && d <= hi);
+    EXPECT_LT(lo, hi);
+    var_cov += row["variance_covered"].get<bool>();
+    mean_cov += row["mean_covered"].get<bool>();
+    ++n;
+  }
+  EXPECT_EQ(n, 65);
+  // Honest 95% intervals: at least the 1e-3 quantile of Binomial(65, 0.95) covered.
+  EXPECT_GE(var_cov, binomial_lower_bound(n, 0.95, 1e-3)) << var_cov << " of " << n;
+  EXPECT_GE(mean_cov, binomial_lower_bound(n, 0.95, 1e-3)) << mean_cov << " of " << n;
+  // The verdicts are the ones the counts give.
+  for (const auto& c : r["claims"]) {
+    if (c["id"] == "C3") {
+      EXPECT_EQ(c["verdict"], verdict_coverage(mean_cov, n).verdict);
+    }
+    if (c["id"] == "C6") {
+      EXPECT_EQ(c["verdict"], verdict_coverage(var_cov, n).verdict);
+    }
+  }
+  // Non-iid rows: the closed forms hold (each interval may miss 1 time in 20: allow the
+  // binomial's 1e-3 quantile over the 3 x 15 intervals).
+  int cov = 0, total = 0;
+  for (const auto& row : r["tables"]["variance_noniid"]) {
+    for (const char* k : {"mean_covered", "variance_covered", "within_row_covered"}) {
+      cov += row[k].get<bool>();
+      ++total;
+    }
+  }
+  EXPECT_GE(cov, binomial_lower_bound(total, 0.95, 1e-3)) << cov << " of " << total;
+}
+
+TEST(Softmax, TheArticlesRowIsExactAndTheNaiveOneBreaks) {
+  const json r = run("softmax", 1);
+  const json& art = r["tables"]["article"];
+  EXPECT_EQ(num_of(art[0]["probability"]), 1.0);
+  EXPECT_NEAR(num_of(art[1]["log_probability"]), -990.0, 1e-9);
+  EXPECT_NEAR(num_of(art[2]["log_probability"]), -995.0, 1e-9);
+  EXPECT_TRUE(std::isnan(num_of(art[0]["naive_float32"])));
+  for (const auto& row : art) EXPECT_LT(num_of(row["log10_jacobian_row_norm"]), -400);
+  for (const auto& row : r["tables"]["overflow"]) {
+    EXPECT_NEAR(num_of(row["exp_overflow_measured"]), num_of(row["ln_max"]), 0.5) << row["format"];
+  }
+  // Entropy of softmax(c x) never increases with c.
+  double last = INFINITY;
+  std::string which;
+  for (const auto& row : r["tables"]["sweep"]) {
+    if (row["logits"] != which) last = INFINITY, which = row["logits"];
+    EXPECT_LE(num_of(row["entropy"]), last + 1e-12) << which << " c " << row["c"];
+    last = num_of(row["entropy"]);
+  }
+}
+
+TEST(Temperature, EntropyFallsAndMaxProbRisesWithC) {
+  const json r = run("temperature", 2);
+  double h = INFINITY, m = 0;
+  for (const auto& row : r["tables"]["temperature"]) {
+    EXPECT_LE(num_of(row["entropy"]), h + 1e-9) << "c " << row["c"];
+    EXPECT_GE(num_of(row["max_prob"]), m - 1e-9) << "c " << row["c"];
+    h = num_of(row["entropy"]);
+    m = num_of(row["max_prob"]);
+  }
+}
+
+TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
+  const json r = run("saturation", 2);
+  std::set<std::string> scales;
+  int rows = 0;
+  for (const auto& row : r["tables"]["saturation"]) {
+    ++rows;
+    scales.insert(row["scale"].get<std::string>());
+    const double n = row["n_keys"], h = num_of(row["entropy"]);
+    EXPECT_GE(h, 0.0);
+    EXPECT_LE(h, std::log(n) + 1e-9);
+    EXPECT_GE(num_of(row["max_prob"]), 1.0 / n - 1e-12);
+    // s = 1 over N >= 1024 keys: ln N - 1/2 within a few percent (finite-N corrections are
+    // O(1/N) plus sampling noise of a few rows).
+    if (row["scale"] == "1/sqrt(d)" && n >= 1024) {
+      EXPECT_NEAR(h, num_of(row["entropy_theory"]), 0.02 * std::log(n))
+          << "d " << row["d"] << " N " << n;
+    }
+  }
+  EXPECT_EQ(rows, 48);
+  EXPECT_EQ(scales, (std::set<std::string>{"1", "1/sqrt(d)", "1/d"}));
+}
+
+TEST(Precision, BitsLostFollowTheSizeOfTheSignificantLogits) {
+  const json r = run("precision", 2);
+  for (const auto& row : r["tables"]["precision"]) {
+    if (row["scale"] != "1") continue;
+    EXPECT_NEAR(num_of(row["bits_lost"]), num_of(row["bits_lost_theory"]), 1.0) << row["format"];
+  }
+}
+
+TEST(Render, TextHasEveryClaimInTheChosenLanguage) {
+  const json r = run("softmax", 1);
+  const std::string en = render_text(r, Lang::en), zh = render_text(r, Lang::zh);
+  EXPECT_NE(en.find(claim_text("C2", Lang::en)), std::string::npos);
+  EXPECT_NE(zh.find(claim_text("C2", Lang::zh)), std::string::npos);
+  EXPECT_NE(en.find("verdict: holds"), std::string::npos);
+  EXPECT_NE(zh.find("结论"), std::string::npos);
+  // Unknown experiments (train's result, say) still render their tables.
+  const json other = {{"experiment", "other"},
+                      {"claims", json::array()},
+                      {"tables", {{"t", {{{"a", 1}, {"b", "x"}}}}}}};
+  EXPECT_NE(render_text(other, Lang::en).find("t (1 of 1 rows"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sdpa::lab
