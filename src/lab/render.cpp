@@ -62,7 +62,7 @@ const std::map<std::string, std::vector<View>>& views() {
          {"d", "n_keys", "scale", "entropy", "entropy_theory", "regime", "max_prob", "grad_q_norm",
           "grad_q_mean", "grad_q_p99", "grad_q_dead", "grad_logits_dead"},
          [](const json& r) { return r["n_keys"].get<int>() == 1024; }},
-        {"freezing", {"n_keys", "freezing_d", "first_parted_d"}, nullptr}}},
+        {"freezing", {"n_keys", "freezing_d", "freezing_s", "parted_s", "parted_d"}, nullptr}}},
       {"temperature",
        {{"temperature",
          {"d", "c", "entropy", "max_prob", "jacobian_norm", "grad_q_norm", "grad_q_p99",

@@ -79,7 +79,8 @@ const std::map<std::string, std::vector<std::string>> kColumns = {
       "grad_logits_mean",
       "grad_logits_p99",
       "grad_logits_dead"}},
-    {"freezing", {"n_keys", "freezing_d", "first_parted_d"}},
+    {"freezing", {"n_keys", "freezing_d", "freezing_s", "parted_s", "parted_d", "first_parted_d"}},
+    {"entropy_curve", {"n_keys", "s", "d_unscaled", "entropy", "entropy_theory", "regime"}},
     {"score_histogram",
      {"d", "scale", "bin_low", "bin_high", "count", "density", "theory_density"}},
     {"temperature",
@@ -99,7 +100,7 @@ const std::map<std::string, std::vector<std::string>> kTables = {
     {"softmax", {"article", "article_jacobian", "overflow", "sweep"}},
     {"derive", {"derive"}},
     {"variance", {"variance", "variance_noniid"}},
-    {"saturation", {"saturation", "freezing", "score_histogram"}},
+    {"saturation", {"saturation", "freezing", "score_histogram", "entropy_curve"}},
     {"temperature", {"temperature"}},
     {"precision", {"precision", "naive_nan"}},
 };
@@ -294,6 +295,16 @@ TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
     }
   }
   EXPECT_EQ(rows, 48);
+  // Gaussian logits: ln N - s^2/2 within 2% of ln N for s <= 1 (N >= 128), and never below
+  // the measurement by more than that past the freezing point (the theory drops below zero,
+  // the entropy cannot).
+  for (const auto& row : r["tables"]["entropy_curve"]) {
+    const double n = row["n_keys"], s = row["s"], h = num_of(row["entropy"]);
+    if (s <= 1.0 && n >= 128) {
+      EXPECT_NEAR(h, num_of(row["entropy_theory"]), 0.02 * std::log(n)) << "N " << n << " s " << s;
+    }
+    EXPECT_GE(h, num_of(row["entropy_theory"]) - 0.02 * std::log(n)) << "N " << n << " s " << s;
+  }
   EXPECT_EQ(scales, (std::set<std::string>{"1", "1/sqrt(d)", "1/d"}));
 }
 
