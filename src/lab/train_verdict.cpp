@@ -225,7 +225,7 @@ Verdict judge_c8(const std::vector<SummaryRow>& rows, const VerdictContext& ctx,
     for (const SummaryRow* r : {x.unscaled, x.scaled, x.inv_d, x.qk_norm}) {
       if (r != nullptr) parts.push_back(describe(*r, lang));
     }
-    measurements.push_back(fmt::format("d={}: ", x.d) + join(parts, "; "));
+    measurements.push_back(fmt::format("d={}: ", x.d) + join(parts, zh ? "；" : "; "));
   }
   v.evidence = join(sentences, " ");
   v.measurement = join(measurements, zh ? "。" : ". ");
