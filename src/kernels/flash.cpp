@@ -301,7 +301,8 @@ void ForwardT(const Problem& p, T* out, T* lse) {
   uint8_t* v_unsafe = carve.take<uint8_t>(static_cast<size_t>(BH * nkt));
   const T* key = static_cast<const T*>(p.key);
   const T* value = static_cast<const T*>(p.value);
-  const ForwardShared<T> sh{kt, v_in_place ? value : vp, ldv, v_unsafe, nkt};
+  const ForwardShared<T> sh{
+      .kt = kt, .v = v_in_place ? value : vp, .ldv = ldv, .v_unsafe = v_unsafe, .nkt = nkt};
 
   Carver scratch_measure;
   const size_t scratch_bytes = ForwardScratch<T>::Carve(scratch_measure, p, ldv, nullptr);
@@ -483,19 +484,19 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
   const T* key = static_cast<const T*>(p.key);
   const T* value = static_cast<const T*>(p.value);
   const T* query = static_cast<const T*>(p.query);
-  const BackwardShared<T> sh{kt,
-                             vt,
-                             k_in_place ? key : kp,
-                             qs,
-                             dout_in_place ? dout : dop,
-                             D,
-                             lse,
-                             k_unsafe,
-                             ldq,
-                             ldq,
-                             ldo,
-                             nkt,
-                             nqt};
+  const BackwardShared<T> sh{.kt = kt,
+                             .vt = vt,
+                             .k = k_in_place ? key : kp,
+                             .qs = qs,
+                             .dout = dout_in_place ? dout : dop,
+                             .D = D,
+                             .lse = lse,
+                             .k_unsafe = k_unsafe,
+                             .ldk = ldq,  // E rounded up to 64 bytes, like the padded Q rows
+                             .ldq = ldq,
+                             .ldo = ldo,
+                             .nkt = nkt,
+                             .nqt = nqt};
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(scratch_measure, ldq, ldo, nullptr);
