@@ -1,11 +1,16 @@
 // The lab: experiments that turn the article's claims (shared/seed/CLAIMS.md, C1-C8) into
 // measurements. Every experiment returns one JSON object of the common form
 //
-//   {"experiment": "variance", "seed": 1, "mode": "quick", "seconds": 2.1,
-//    "claims": [{"id": "C4", "claim": "...", "theory": "...", "measurement": "...",
+//   {"experiment": "variance", "seed": 1, "mode": "quick", "lang": "en", "seconds": 2.1,
+//    "claims": [{"id": "C4", "claim": "...", "claim_en": "...", "claim_zh": "...",
+//                "theory": "...", "measurement": "...",
 //                "verdict": "holds" | "fails" | "holds-if", "condition": "...",
 //                "evidence": "..."}],
 //    "tables": {"<table>": [{"column": value, ...}, ...]}}
+//
+// ("claim" is in the --lang language; non-finite numbers are the strings "inf", "-inf", "nan".
+// docs/lab.md describes every table and column; src/lab/common.h has the helpers that build
+// this form: make_result, make_claim, claim_text, num, stream_id, parallel_for, Progress.)
 //
 // and is reproducible: the same seed gives the same object byte for byte whatever the thread
 // count ("seconds" aside, which is wall time). Experiments call the library (sdpa/sdpa.h:
