@@ -222,6 +222,20 @@ class Builder {
     return r;
   }
 
+  // The rows of `t` whose `column` reads `value`, as a table (for distinct()).
+  static json where_table(const json* t, const std::string& column, const std::string& value) {
+    json out = json::array();
+    if (t) {
+      for (const auto& row : *t) {
+        if (str(&row, column) == value) out.push_back(row);
+      }
+    }
+    return out;
+  }
+  static std::vector<std::string> distinct(const json& t, const std::string& column) {
+    return distinct(&t, column);
+  }
+
   static std::vector<std::string> distinct(const json* t, const std::string& column) {
     std::vector<std::string> values;
     if (!t) return values;
@@ -555,7 +569,7 @@ class Builder {
               tr("mean of q·k / √d", "q·k / √d 的均值"),
               true,
               false,
-              "set xtics 4\nset key top right",
+              "set xtics 1,4\nset key top right",
               {}};
       p.series = per_distribution(v, {"d", "mean", "mean_ci_low", "mean_ci_high"},
                                   "1:($2/sqrt($1)):($3/sqrt($1)):($4/sqrt($1))", "yerrorbars");
@@ -609,7 +623,7 @@ class Builder {
               tr("Var(q·k)", "Var(q·k)"),
               true,
               true,
-              "set xtics 4\nset key top left",
+              "set xtics 1,4\nset key top left",
               {}};
       const Rows normal = where(v, [](Row r) { return str(r, "distribution") == "normal"; });
       const Series theory =
@@ -617,7 +631,7 @@ class Builder {
                  "lines dt 2 lw 1.5 lc rgb 'black'");
       p.series = per_distribution(v, {"d", "variance", "variance_ci_low", "variance_ci_high"},
                                   "1:2:3:4", "yerrorbars");
-      p.series.insert(p.series.begin(), theory);
+      p.series.push_back(theory);
       f.panels = {p};
       figure(s, f);
       key_rows(s, "variance", "variance",
@@ -722,7 +736,7 @@ class Builder {
               tr("Var(q·k / √d)", "Var(q·k / √d)"),
               true,
               false,
-              "set xtics 4\nset key top right",
+              "set xtics 1,4\nset key top right",
               {}};
       p.series = per_distribution(
           v, {"d", "scaled_variance", "scaled_variance_ci_low", "scaled_variance_ci_high"},
@@ -794,21 +808,21 @@ class Builder {
           tr("entropy (nats)", "熵（nats）"),
           true,
           false,
-          fmt::format("set xtics 4\nset key bottom left\nset yrange [0:{}]", 1.1 * std::log(n)),
+          fmt::format("set xtics 1,4\nset key bottom left\nset yrange [0:{}]", 1.1 * std::log(n)),
           {}};
       Panel pm{tr("largest attention probability", "最大注意力概率"),
                d_label,
                tr("max p (mean over rows)", "max p（行平均）"),
                true,
                false,
-               "set xtics 4\nset key top left\nset yrange [0:1.05]",
+               "set xtics 1,4\nset key top left\nset yrange [0:1.05]",
                {}};
       Panel pg{tr("‖dQ‖ per query row", "每个查询行的 ‖dQ‖"),
                d_label,
                tr("gradient norm", "梯度范数"),
                true,
                true,
-               "set xtics 4\nset key top left",
+               "set xtics 1,4\nset key top left",
                {}};
       Panel pd{tr("dead rows of dQ", "dQ 的死行"),
                d_label,
@@ -816,7 +830,7 @@ class Builder {
                   "行比例（范数 < 1e-3 × 缩放中位数）"),
                true,
                false,
-               "set xtics 4\nset key top left\nset yrange [-0.02:1.02]",
+               "set xtics 1,4\nset key top left\nset yrange [-0.02:1.02]",
                {}};
       std::size_t i = 0;
       for (const auto& scale : distinct(t, "scale")) {
@@ -829,10 +843,11 @@ class Builder {
         pe.series.push_back(series("", rows, {"d", "entropy_theory"}, "1:($2 >= 0 ? $2 : NaN)",
                                    fmt::format("lines dt 2 lt {}", lt)));
         pm.series.push_back(series(title, rows, {"d", "max_prob"}, "1:2", style));
-        pg.series.push_back(series(title + tr(" median", " 中位数"), rows, {"d", "grad_q_norm"},
-                                   "1:($2 > 0 ? $2 : NaN)", style));
-        pg.series.push_back(series(title + " p99", rows, {"d", "grad_q_p99"},
-                                   "1:($2 > 0 ? $2 : NaN)", fmt::format("lines dt 2 lt {}", lt)));
+        // Only the medians get a legend entry; the caption says that dashed is the p99.
+        pg.series.push_back(
+            series(title, rows, {"d", "grad_q_norm"}, "1:($2 > 0 ? $2 : NaN)", style));
+        pg.series.push_back(series("", rows, {"d", "grad_q_p99"}, "1:($2 > 0 ? $2 : NaN)",
+                                   fmt::format("lines dt 2 lt {}", lt)));
         pd.series.push_back(series(title, rows, {"d", "grad_q_dead"}, "1:2", style));
         ++i;
       }
@@ -964,12 +979,13 @@ class Builder {
     if (v || n) {
       Figure f;
       f.id = "beyond-non-ideal";
-      f.caption = tr(
-          "Non-ideal inputs. Left: Var(q·k)/d per distribution with 95% intervals. "
-          "Right: within-row variance / d against the parameter of each case "
-          "(points: measured with 95% intervals; lines: closed form).",
-          "非理想输入。左：各分布的 Var(q·k)/d 及 95% 区间。右：各情形中行内方差 / d 随参数的变化"
-          "（点：测量值及 95% 区间；线：闭式解）。");
+      f.caption =
+          tr("Non-ideal inputs. Left: Var(q·k)/d per distribution with 95% intervals. "
+             "Right: within-row variance / d against the parameter of each case "
+             "(points: measured with 95% intervals; lines: closed form).",
+             "非理想输入。左：各分布的 Var(q·k)/d 及 95% 区间。右：各被打破的假设下行内方差 / d 随 "
+             "d 的变化"
+             "（点：测量值及 95% 区间；线：闭式解）。");
       if (v) f.sources.push_back(csv_name("variance", "variance"));
       if (n) f.sources.push_back(csv_name("variance", "variance_noniid"));
       f.columns = 2;
@@ -981,32 +997,37 @@ class Builder {
                 tr("Var(q·k) / d", "Var(q·k) / d"),
                 true,
                 false,
-                "set xtics 4\nset key top right",
+                "set xtics 1,4\nset key top right",
                 {}};
         p.series = per_distribution(v, {"d", "variance", "variance_ci_low", "variance_ci_high"},
                                     "1:($2/$1):($3/$1):($4/$1)", "yerrorbars");
         f.panels.push_back(p);
       }
       if (n) {
+        // One series per (case, parameter), against d: within-row variance / d is 1 when
+        // 1/sqrt(d) is the right normaliser, and (1/right_scale_ratio)^2 otherwise.
         Panel p{tr("broken assumptions", "被打破的假设"),
-                tr("parameter (mean m, or correlation ρ, r)", "参数（均值 m 或相关系数 ρ、r）"),
+                tr("dimension d", "维度 d"),
                 tr("within-row variance / d", "行内方差 / d"),
-                false,
                 true,
-                "set key top left",
+                true,
+                "set xtics 1,4\nset key top left",
                 {}};
         std::size_t i = 0;
         for (const auto& c : distinct(n, "case")) {
-          const Rows rows = where(n, [&](Row r) { return str(r, "case") == c; });
-          const int lt = static_cast<int>(i) + 1;
-          p.series.push_back(series(
-              c, rows,
-              {"parameter", "d", "within_row_variance", "within_row_ci_low", "within_row_ci_high"},
-              "1:($3/$2):($4/$2):($5/$2)",
-              fmt::format("yerrorbars lt {} pt {} ps 0.7", lt, point_type(i))));
-          p.series.push_back(series("", rows, {"parameter", "d", "within_row_theory"}, "1:($3/$2)",
-                                    fmt::format("lines lt {} dt 2", lt)));
-          ++i;
+          for (const auto& par : distinct(where_table(n, "case", c), "parameter")) {
+            const Rows rows =
+                where(n, [&](Row r) { return str(r, "case") == c && str(r, "parameter") == par; });
+            const int lt = static_cast<int>(i) + 1;
+            p.series.push_back(
+                series(fmt::format("{} {}", c, par), rows,
+                       {"d", "within_row_variance", "within_row_ci_low", "within_row_ci_high"},
+                       "1:($2/$1):($3/$1):($4/$1)",
+                       fmt::format("yerrorbars lt {} pt {} ps 0.7", lt, point_type(i))));
+            p.series.push_back(series("", rows, {"d", "within_row_theory"}, "1:($2/$1)",
+                                      fmt::format("lines lt {} dt 2", lt)));
+            ++i;
+          }
         }
         f.panels.push_back(p);
       }
@@ -1068,18 +1089,19 @@ class Builder {
         const double dlo = edges(ds, 0).first, dhi = edges(ds, ds.size() - 1).second;
         const double nlo = edges(ns, 0).first, nhi = edges(ns, ns.size() - 1).second;
         for (const std::string scale : {"1", "1/sqrt(d)"}) {
-          Panel p{scale == "1" ? tr("unscaled (scale 1)", "未缩放（scale 1）")
-                               : tr("scaled (1/√d)", "缩放（1/√d）"),
-                  tr("dimension d", "维度 d"),
-                  tr("number of keys N", "键的个数 N"),
-                  true,
-                  true,
-                  fmt::format("set xrange [{}:{}]\nset yrange [{}:{}]\nset cbrange [0:1]\n"
-                              "set palette defined (0 '#440154', 0.25 '#3b528b', 0.5 '#21918c', "
-                              "0.75 '#5ec962', 1 '#fde725')\nset cblabel 'entropy / ln N'\n"
-                              "set xtics 4\nset ytics 8\nset key bottom right opaque\nunset grid",
-                              dlo, dhi, nlo, nhi),
-                  {}};
+          Panel p{
+              scale == "1" ? tr("unscaled (scale 1)", "未缩放（scale 1）")
+                           : tr("scaled (1/√d)", "缩放（1/√d）"),
+              tr("dimension d", "维度 d"),
+              tr("number of keys N", "键的个数 N"),
+              true,
+              true,
+              fmt::format("set xrange [{}:{}]\nset yrange [{}:{}]\nset cbrange [0:1]\n"
+                          "set palette defined (0 '#440154', 0.25 '#3b528b', 0.5 '#21918c', "
+                          "0.75 '#5ec962', 1 '#fde725')\nset cblabel 'entropy / ln N'\n"
+                          "set xtics 1,4\nset ytics 2,8\nset key bottom right opaque\nunset grid",
+                          dlo, dhi, nlo, nhi),
+              {}};
           Series cells{"",
                        {"d", "n_keys", "d_low", "d_high", "n_low", "n_high", "entropy", "ln_n"},
                        {},
@@ -1284,9 +1306,29 @@ class Builder {
       }
       if (nan) {
         f.sources.push_back(csv_name("precision", "naive_nan"));
-        Panel p = bars(nan, "nan_fraction", tr("fraction of rows with NaN", "出现 NaN 的行比例"),
-                       tr("naive softmax: NaN rows", "朴素 softmax：NaN 行"));
-        p.setup += "\nset yrange [0:1.05]";
+        // Against d: unscaled rows (solid) turn to NaN once the row maximum, about
+        // sqrt(2 d ln N), passes ln(max finite) of the format; scaled rows (dashed) never do.
+        Panel p{tr("naive softmax: rows with NaN", "朴素 softmax：出现 NaN 的行"),
+                tr("dimension d", "维度 d"),
+                tr("fraction of rows with NaN", "出现 NaN 的行比例"),
+                true,
+                false,
+                "set xtics 1,4\nset yrange [-0.03:1.08]\nset key top left",
+                {}};
+        std::size_t i = 0;
+        for (const auto& format : distinct(nan, "format")) {
+          const int lt = static_cast<int>(i) + 1;
+          for (const auto& scale : distinct(nan, "scale")) {
+            const Rows rows = where(
+                nan, [&](Row r) { return str(r, "format") == format && str(r, "scale") == scale; });
+            const bool unscaled = scale == "1";
+            p.series.push_back(
+                series(format + ", " + scale_title(scale), rows, {"d", "nan_fraction"}, "1:2",
+                       unscaled ? fmt::format("linespoints lt {} pt {} ps 0.6", lt, point_type(i))
+                                : fmt::format("lines lt {} dt 2", lt)));
+          }
+          ++i;
+        }
         f.panels.push_back(p);
       }
       figure(s, f);
@@ -1398,7 +1440,8 @@ class Builder {
           if (str(&row, "label") == labels[k]) r = &row;
         }
         const double seq = num(r, "seq");
-        xt += fmt::format("{}'{}{}' {}", k ? ", " : "", labels[k],
+        // double quotes: gnuplot turns \n into a line break only there
+        xt += fmt::format("{}\"{}{}\" {}", k ? ", " : "", labels[k],
                           std::isnan(seq) ? "" : fmt::format("\\nL=S={}", seq), k);
       }
       Panel p{"",

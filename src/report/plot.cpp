@@ -107,6 +107,10 @@ std::string gnuplot_script(const Figure& figure, const fs::path& svg_path) {
         }
       }
       if (lo <= hi) g += fmt::format("set xrange [{:.17g}:{:.17g}]\n", lo / 1.25, hi * 1.25);
+      // Over more than four decades a label per decade collides: one every two decades.
+      if (lo <= hi && hi / lo > 1e4 && panel.setup.find("xtics") == std::string::npos) {
+        g += "set xtics 1e-12,100\n";
+      }
     }
     if (panel.logy) g += "set logscale y\nset format y '%g'\n";
     g += panel.setup + "\n";
