@@ -58,9 +58,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--kv-seq", c.kv_seq, "key/value length S (default: --seq)");
   cmd->add_option("--dim", c.dim, "query/key feature size E")->capture_default_str();
   cmd->add_option("--value-dim", c.value_dim, "value feature size Ev (default: --dim)");
-  cmd->add_option("--causal", a->causal, "none, upper-left or lower-right")->capture_default_str();
+  cmd->add_option("--causal", a->causal, "none, upper-left or lower-right")
+      ->check(CLI::IsMember({"none", "upper-left", "lower-right"}))
+      ->capture_default_str();
   cmd->add_flag("--backward", c.backward, "time the backward pass (forward done beforehand)");
-  cmd->add_option("--impl", a->impl, "fast, reference or naive")->capture_default_str();
+  cmd->add_option("--impl", a->impl, "fast, reference or naive")
+      ->check(CLI::IsMember({"fast", "reference", "naive"}))
+      ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (0: one per core)")->capture_default_str();
   cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
   cmd->add_flag("--peak", a->peak,
