@@ -1120,10 +1120,14 @@ class Builder {
                   {ds[i], ns[j], a, b, c, e, num(r[0], "entropy"), std::log(ns[j])});
             }
           }
+          // The value in each cell: white on the dark half of the palette, black on the light.
           Series labels = cells;
           labels.title = "";
-          labels.using_spec = "1:2:(sprintf('%.2f', $7/$8))";
+          labels.using_spec = "1:($7/$8 >= 0.5 ? $2 : NaN):(sprintf('%.2f', $7/$8))";
           labels.style = "labels tc rgb '#000000' font ',10'";
+          Series dark_labels = labels;
+          dark_labels.using_spec = "1:($7/$8 < 0.5 ? $2 : NaN):(sprintf('%.2f', $7/$8))";
+          dark_labels.style = "labels tc rgb '#ffffff' font ',10'";
           Series boundary{tr("d = 2 ln N", "d = 2 ln N"),
                           {"boundary_d", "boundary_n"},
                           {},
@@ -1133,7 +1137,7 @@ class Builder {
             const double nn = nlo * std::pow(nhi / nlo, k / 60.0);
             boundary.rows.push_back({2 * std::log(nn), nn});
           }
-          p.series = {cells, labels, boundary};
+          p.series = {cells, labels, dark_labels, boundary};
           f.panels.push_back(p);
         }
         figure(s, f);
