@@ -83,6 +83,7 @@
 #include "kernels/flash_common.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
+#include "reference/reference.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash.cpp"
@@ -242,7 +243,10 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
         T* srow = w.s + r * kKeyTile;
         if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
         const T m_old = rmax[r];
-        const T m_new = std::max(m_old, RowMax(srow, kKeyTile));
+        const T tile_max = RowMax(srow, kKeyTile);
+        // A NaN score makes the row NaN (std::max would drop it); NaN then survives every
+        // later tile because exp(m_old - m_new) and the rescaled sums stay NaN.
+        const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
         if (m_new == kNegInf<T>) {  // nothing visible so far: P row = 0
           std::fill_n(srow, kKeyTile, T(0));
           continue;
@@ -584,8 +588,36 @@ HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
+namespace {
+
+// Largest |x| over the finite entries; the non-finite ones follow the masking and NaN rules.
+double max_finite_abs(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a > m && a <= std::numeric_limits<float>::max()) m = a;
+  }
+  return m;
+}
+
+// float32 scores are computed as (scale * q) . k in float32. When |scale| E max|q| max|k| can pass
+// float32's range (3.4e38), a score overflows to inf and inf - inf gives NaN where the exact
+// score is finite (a scale of 1e200 is not even a float32). Such calls, which only absurd scales
+// or magnitudes make, take the reference, which accumulates in float64 and never overflows. The
+// check reads Q and K once: O((L + S) E) beside the kernel's O(L S E). 1e36 leaves a margin of
+// 300 below float32's maximum for the rescaling inside the online softmax.
+bool float32_scores_may_overflow(const Problem& p) {
+  const double mq = max_finite_abs(static_cast<const float*>(p.query), p.B * p.Hq * p.L * p.E);
+  const double mk = max_finite_abs(static_cast<const float*>(p.key), p.B * p.Hkv * p.S * p.E);
+  return std::fabs(p.scale) * static_cast<double>(p.E) * mq * mk > 1e36;
+}
+
+}  // namespace
+
 void fast_forward(const Problem& p, void* out, void* lse) {
-  if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+    reference_forward(p, out, lse);
+  } else if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p, out, lse);
   } else {
     HWY_DYNAMIC_DISPATCH(ForwardFloat)(p, out, lse);
@@ -594,7 +626,9 @@ void fast_forward(const Problem& p, void* out, void* lse) {
 
 void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
                    void* dq, void* dk, void* dv) {
-  if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+    reference_backward(p, grad_out, dq, dk, dv);
+  } else if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, out, lse, grad_out, dq, dk, dv);
   } else {
     HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, out, lse, grad_out, dq, dk, dv);

@@ -142,12 +142,22 @@ HWY_NOINLINE void GemmSkipZeros(std::size_t M, std::size_t N, std::size_t K, con
 
 // ---- row operations of the softmax (n % Lanes == 0) ------------------------------------------
 
+/// The row maximum, or NaN if any entry is NaN: x86's max drops NaN operands, so NaN is tracked
+/// separately (one compare and one OR per element, beside the E multiply-adds each score cost),
+/// so that a NaN score poisons its row as the maths says instead of vanishing.
 template <typename T>
 HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
   const hn::ScalableTag<T> d;
   const std::size_t lanes = hn::Lanes(d);
   auto m = hn::Set(d, -std::numeric_limits<T>::infinity());
-  for (std::size_t i = 0; i < n; i += lanes) m = hn::Max(m, hn::LoadU(d, x + i));
+  auto nan = hn::Zero(d);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(
+        nan, hn::VecFromMask(d, hn::IsNaN(v)));  // Ne(v, v) is an ordered compare: false for NaN
+  }
+  if (!hn::AllFalse(d, hn::MaskFromVec(nan))) return std::numeric_limits<T>::quiet_NaN();
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 

@@ -40,7 +40,9 @@ Workspace& call_shared();
 /// to measure the total, then on the reserved memory.
 class Carver {
  public:
-  explicit Carver(void* base = nullptr) : base_(static_cast<std::uint8_t*>(base)) {}
+  // The base is kept as an integer: offsetting a null pointer (the measuring pass) is undefined
+  // behaviour, integer arithmetic is not, and the measuring pass never dereferences.
+  explicit Carver(void* base = nullptr) : base_(reinterpret_cast<std::uintptr_t>(base)) {}
   template <class T>
   T* take(std::size_t count) {
     T* p = reinterpret_cast<T*>(base_ + used_);
@@ -50,7 +52,7 @@ class Carver {
   std::size_t used() const { return used_; }
 
  private:
-  std::uint8_t* base_;
+  std::uintptr_t base_;
   std::size_t used_ = 0;
 };
 
