@@ -12,36 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_util.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::oracle {
 
-inline double at(const Array& a, std::int64_t i) {
-  switch (a.dtype()) {
-    case DType::float32:
-      return a.data_as<float>()[i];
-    case DType::float64:
-      return a.data_as<double>()[i];
-    case DType::boolean:
-      return a.data_as<std::uint8_t>()[i];
-  }
-  return 0;
-}
-
-inline void put(Array& a, std::int64_t i, double v) {
-  switch (a.dtype()) {
-    case DType::float32:
-      a.data_as<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::float64:
-      a.data_as<double>()[i] = v;
-      break;
-    case DType::boolean:
-      a.data_as<std::uint8_t>()[i] = v != 0.0;
-      break;
-  }
-}
+// Element access shared with the other suites (tests/common/test_util.h).
+using sdpa::test::get;
+using sdpa::test::set;
+inline double at(const Array& a, std::int64_t i) { return get(a, i); }
+inline void put(Array& a, std::int64_t i, double v) { set(a, i, v); }
 
 /// Flat index of `idx` (one per dimension of `shape`), broadcasting dimensions of size 1 and
 /// aligning `shape` to the right of a longer index, as NumPy does.
