@@ -269,7 +269,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint8_t drop = in.next() % (target.size() + 1);
     for (std::size_t i = drop; i < target.size(); ++i) {
       const std::uint8_t how = in.next();
-      ms.push_back(how < 150 ? target[i] : how < 250 ? 1 : target[i] + 1 + how % 2);
+      // A wrong size: one or two more, or (near the int64 limit, where adding overflows) less.
+      const std::int64_t wrong = target[i] < std::numeric_limits<std::int64_t>::max() - 2
+                                     ? target[i] + 1 + how % 2
+                                     : target[i] - 2;
+      ms.push_back(how < 150 ? target[i] : how < 250 ? 1 : wrong);
     }
   }
 
