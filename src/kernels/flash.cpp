@@ -609,7 +609,10 @@ double max_finite_abs(const float* x, int64_t n) {
 bool float32_scores_may_overflow(const Problem& p) {
   const double mq = max_finite_abs(static_cast<const float*>(p.query), p.B * p.Hq * p.L * p.E);
   const double mk = max_finite_abs(static_cast<const float*>(p.key), p.B * p.Hkv * p.S * p.E);
-  return std::fabs(p.scale) * static_cast<double>(p.E) * mq * mk > 1e36;
+  // The scale is folded into q, so scale * q must fit as well (a scale of 1e200 times a q of
+  // 1e-190 is a modest score but an infinite folded query).
+  return std::fabs(p.scale) * static_cast<double>(p.E) * mq * mk > 1e36 ||
+         std::fabs(p.scale) * mq > 1e36 || std::fabs(p.scale) > 3e38;
 }
 
 }  // namespace
