@@ -159,6 +159,7 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
     p.mask.present = true;
     p.mask.dtype = m.dtype;
     p.mask.data = m.data;
+    p.mask.numel = m.numel();
     const std::size_t t = target.size();
     p.mask.stride_s = stride[t - 1];
     p.mask.stride_l = stride[t - 2];

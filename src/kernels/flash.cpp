@@ -588,35 +588,6 @@ HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
-namespace {
-
-// Largest |x| over the finite entries; the non-finite ones follow the masking and NaN rules.
-double max_finite_abs(const float* x, int64_t n) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (a > m && a <= std::numeric_limits<float>::max()) m = a;
-  }
-  return m;
-}
-
-// float32 scores are computed as (scale * q) . k in float32. When |scale| E max|q| max|k| can pass
-// float32's range (3.4e38), a score overflows to inf and inf - inf gives NaN where the exact
-// score is finite (a scale of 1e200 is not even a float32). Such calls, which only absurd scales
-// or magnitudes make, take the reference, which accumulates in float64 and never overflows. The
-// check reads Q and K once: O((L + S) E) beside the kernel's O(L S E). 1e36 leaves a margin of
-// 300 below float32's maximum for the rescaling inside the online softmax.
-bool float32_scores_may_overflow(const Problem& p) {
-  const double mq = max_finite_abs(static_cast<const float*>(p.query), p.B * p.Hq * p.L * p.E);
-  const double mk = max_finite_abs(static_cast<const float*>(p.key), p.B * p.Hkv * p.S * p.E);
-  // The scale is folded into q, so scale * q must fit as well (a scale of 1e200 times a q of
-  // 1e-190 is a modest score but an infinite folded query).
-  return std::fabs(p.scale) * static_cast<double>(p.E) * mq * mk > 1e36 ||
-         std::fabs(p.scale) * mq > 1e36 || std::fabs(p.scale) > 3e38;
-}
-
-}  // namespace
-
 void fast_forward(const Problem& p, void* out, void* lse) {
   if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
     reference_forward(p, out, lse);
