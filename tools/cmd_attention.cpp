@@ -41,13 +41,15 @@ void check_paths(const AttentionArgs& a) {
     const std::string c = canonical(path);
     for (const auto& [in_flag, in_path] : inputs) {
       if (canonical(in_path) == c) {
-        throw Error(fmt::format("{}: expected an output path different from every input, got {} "
-                                "which is also {}",
-                                flag, path, in_flag));
+        throw Error(
+            fmt::format("{}: expected an output path different from every input, got {} "
+                        "which is also {}",
+                        flag, path, in_flag));
       }
     }
     if (!seen.insert(c).second) {
-      throw Error(fmt::format("{}: expected a path no other output uses, got {} twice", flag, path));
+      throw Error(
+          fmt::format("{}: expected a path no other output uses, got {} twice", flag, path));
     }
     const auto parent = std::filesystem::path(c).parent_path();
     if (!parent.empty() && !std::filesystem::is_directory(parent)) {
@@ -56,12 +58,14 @@ void check_paths(const AttentionArgs& a) {
   }
   const bool any_grad = !a.grad_query.empty() || !a.grad_key.empty() || !a.grad_value.empty();
   if (!a.grad_output.empty() && !any_grad) {
-    throw Error("--grad-output: expected with at least one of --grad-query, --grad-key, "
-                "--grad-value, got none of them");
+    throw Error(
+        "--grad-output: expected with at least one of --grad-query, --grad-key, "
+        "--grad-value, got none of them");
   }
   if (a.grad_output.empty() && any_grad) {
-    throw Error("--grad-output: expected when --grad-query, --grad-key or --grad-value is given, "
-                "got none");
+    throw Error(
+        "--grad-output: expected when --grad-query, --grad-key or --grad-value is given, "
+        "got none");
   }
 }
 

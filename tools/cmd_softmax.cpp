@@ -29,9 +29,10 @@ std::vector<double> parse_logits(const std::string& text) {
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
     if (item.empty() || end == item.c_str() || *end != '\0' || std::isnan(v)) {
-      throw Error(fmt::format("--logits: expected comma-separated numbers such as 1000,10,5 (inf "
-                              "and -inf allowed), got '{}' in '{}'",
-                              item, text));
+      throw Error(
+          fmt::format("--logits: expected comma-separated numbers such as 1000,10,5 (inf "
+                      "and -inf allowed), got '{}' in '{}'",
+                      item, text));
     }
     out.push_back(v);
     if (comma == std::string::npos) break;
@@ -83,7 +84,8 @@ void add_softmax_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "softmax", "Numerically stable softmax(scale * logits), e.g. --logits 1000,10,5");
   cmd->add_option("--logits", args->logits, "comma-separated logits, e.g. 1000,10,5")->required();
-  cmd->add_option("--scale", args->scale, "multiply the logits by this first")->capture_default_str();
+  cmd->add_option("--scale", args->scale, "multiply the logits by this first")
+      ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "float64 or float32")->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object with \"probabilities\"");
   cmd->callback([args] {

@@ -24,9 +24,13 @@ class Array {
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }
   template <class T>
-  T* data_as() { return static_cast<T*>(data()); }
+  T* data_as() {
+    return static_cast<T*>(data());
+  }
   template <class T>
-  const T* data_as() const { return static_cast<const T*>(data()); }
+  const T* data_as() const {
+    return static_cast<const T*>(data());
+  }
 
   TensorRef ref() const { return TensorRef{data(), dtype_, shape_}; }
   MutableTensorRef mut() { return MutableTensorRef{data(), dtype_, shape_}; }

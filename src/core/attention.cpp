@@ -91,8 +91,8 @@ Impl parse_impl(const std::string& text) {
 int resolve_threads(int threads) {
   constexpr int kMaxThreads = 1024;
   if (threads < 0 || threads > kMaxThreads) {
-    throw Error(fmt::format("threads: expected 0 (one per core) or 1..{}, got {}", kMaxThreads,
-                            threads));
+    throw Error(
+        fmt::format("threads: expected 0 (one per core) or 1..{}, got {}", kMaxThreads, threads));
   }
   if (threads > 0) return threads;
   const int cores = omp_get_num_procs();
@@ -155,16 +155,15 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
   switch (options.impl) {
     case Impl::reference:
-      detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data,
-                                 grad_value.data);
+      detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data, grad_value.data);
       break;
     case Impl::fast:
       detail::fast_backward(p, out.data, lse.data, grad_out.data, grad_query.data, grad_key.data,
                             grad_value.data);
       break;
     case Impl::naive:
-      detail::naive_backward(p, out.data, lse.data, grad_out.data, grad_query.data,
-                             grad_key.data, grad_value.data);
+      detail::naive_backward(p, out.data, lse.data, grad_out.data, grad_query.data, grad_key.data,
+                             grad_value.data);
       break;
   }
 }

@@ -11,8 +11,8 @@ namespace {
 
 void check_float(const TensorRef& t, const char* what) {
   if (t.dtype != DType::float32 && t.dtype != DType::float64) {
-    throw Error(fmt::format("{}: expected dtype float32 or float64, got {}", what,
-                            dtype_name(t.dtype)));
+    throw Error(
+        fmt::format("{}: expected dtype float32 or float64, got {}", what, dtype_name(t.dtype)));
   }
   if (t.shape.size() < 2) {
     throw Error(fmt::format("{}: expected rank 2 or more, got shape {} (rank {})", what,
@@ -33,8 +33,8 @@ std::int64_t dim(const TensorRef& t, int from_end) {
 void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_t>& shape,
                   const char* what) {
   if (t.dtype != dtype) {
-    throw Error(fmt::format("{}: expected dtype {}, got {}", what, dtype_name(dtype),
-                            dtype_name(t.dtype)));
+    throw Error(
+        fmt::format("{}: expected dtype {}, got {}", what, dtype_name(dtype), dtype_name(t.dtype)));
   }
   if (t.shape != shape) {
     throw Error(fmt::format("{}: expected shape {}, got {}", what, shape_string(shape),
@@ -58,11 +58,11 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
         dtype_name(query.dtype), dtype_name(key.dtype), dtype_name(value.dtype)));
   }
   if (key.shape.size() != query.shape.size() || value.shape.size() != query.shape.size()) {
-    throw Error(fmt::format(
-        "key/value: expected the rank of query ({}), got key {} and value {} "
-        "(query {}, key {}, value {})",
-        query.shape.size(), key.shape.size(), value.shape.size(), shape_string(query.shape),
-        shape_string(key.shape), shape_string(value.shape)));
+    throw Error(
+        fmt::format("key/value: expected the rank of query ({}), got key {} and value {} "
+                    "(query {}, key {}, value {})",
+                    query.shape.size(), key.shape.size(), value.shape.size(),
+                    shape_string(query.shape), shape_string(key.shape), shape_string(value.shape)));
   }
   const std::size_t rank = query.shape.size();
   Problem p;
@@ -148,9 +148,10 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
       const std::int64_t md = m.shape[i];
       const std::int64_t td = target[lead + i];
       if (md != td && md != 1) {
-        throw Error(fmt::format("mask: expected a shape that broadcasts to {}, got {} (dimension "
-                                "{} is {}, expected {} or 1)",
-                                shape_string(target), shape_string(m.shape), i, md, td));
+        throw Error(
+            fmt::format("mask: expected a shape that broadcasts to {}, got {} (dimension "
+                        "{} is {}, expected {} or 1)",
+                        shape_string(target), shape_string(m.shape), i, md, td));
       }
       stride[lead + i] = (md == 1) ? 0 : running;
       running *= md;

@@ -29,8 +29,7 @@ struct MaskView {
   std::int64_t stride_h = 0, stride_l = 0, stride_s = 0;
 
   std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t s) const {
-    return batch_offset[static_cast<std::size_t>(b)] + h * stride_h + l * stride_l +
-           s * stride_s;
+    return batch_offset[static_cast<std::size_t>(b)] + h * stride_h + l * stride_l + s * stride_s;
   }
   /// The additive value of the mask at (b, h, l, s): 0 or -inf for a boolean mask.
   double additive(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t s) const {

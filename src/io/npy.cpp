@@ -243,8 +243,9 @@ Array read_npy(const std::string& path) {
   for (std::size_t i = 0; i < len_size; ++i) header_len |= std::uint32_t(len_bytes[i]) << (8 * i);
   const std::int64_t data_offset = 8 + static_cast<std::int64_t>(len_size) + header_len;
   if (data_offset > file_size) {
-    throw Error(fmt::format("{}: truncated .npy header (header length {} but the file has {} bytes)",
-                            path, header_len, file_size));
+    throw Error(
+        fmt::format("{}: truncated .npy header (header length {} but the file has {} bytes)", path,
+                    header_len, file_size));
   }
   std::string header(header_len, '\0');
   if (header_len > 0 && std::fread(header.data(), 1, header_len, f.get()) != header_len) {
@@ -268,9 +269,10 @@ Array read_npy(const std::string& path) {
         path, descr));
   }
   if (fortran) {
-    throw Error(fmt::format("{}: Fortran-order arrays are not supported (expected C order); save "
-                            "with numpy.ascontiguousarray",
-                            path));
+    throw Error(
+        fmt::format("{}: Fortran-order arrays are not supported (expected C order); save "
+                    "with numpy.ascontiguousarray",
+                    path));
   }
   const std::int64_t n = checked_numel(shape, dtype_size(dtype), path);
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
@@ -321,8 +323,8 @@ void write_npy_all(const std::vector<std::pair<std::string, TensorRef>>& files) 
     if (std::rename(temps[i].c_str(), files[i].first.c_str()) != 0) {
       const std::string why = errno_text();
       for (std::size_t j = i; j < temps.size(); ++j) std::remove(temps[j].c_str());
-      throw Error(fmt::format("{}: cannot move the finished file into place: {}", files[i].first,
-                              why));
+      throw Error(
+          fmt::format("{}: cannot move the finished file into place: {}", files[i].first, why));
     }
   }
 }

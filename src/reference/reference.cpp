@@ -107,7 +107,8 @@ void backward_impl(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
           std::fill(out_row.begin(), out_row.end(), 0.0);
           for (std::int64_t s = 0; s < p.S; ++s) {
             if (probs[s] == 0.0) continue;
-            for (std::int64_t e = 0; e < p.Ev; ++e) out_row[e] += probs[s] * double(v[s * p.Ev + e]);
+            for (std::int64_t e = 0; e < p.Ev; ++e)
+              out_row[e] += probs[s] * double(v[s * p.Ev + e]);
           }
           double D = 0.0;
           for (std::int64_t e = 0; e < p.Ev; ++e) D += double(g[e]) * out_row[e];
@@ -126,8 +127,10 @@ void backward_impl(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
           for (std::int64_t e = 0; e < p.E; ++e) dq[row * p.E + e] = static_cast<T>(dq_row[e]);
         }
       }
-      for (std::int64_t i = 0; i < p.S * p.E; ++i) dk[task * p.S * p.E + i] = static_cast<T>(dk_acc[i]);
-      for (std::int64_t i = 0; i < p.S * p.Ev; ++i) dv[task * p.S * p.Ev + i] = static_cast<T>(dv_acc[i]);
+      for (std::int64_t i = 0; i < p.S * p.E; ++i)
+        dk[task * p.S * p.E + i] = static_cast<T>(dk_acc[i]);
+      for (std::int64_t i = 0; i < p.S * p.Ev; ++i)
+        dv[task * p.S * p.Ev + i] = static_cast<T>(dv_acc[i]);
     }
   }
 }

@@ -96,7 +96,7 @@ struct Case {
   std::vector<std::int64_t> lead;  // leading batch dims
   std::int64_t Hq = 1, Hkv = 1, L = 1, S = 1, E = 1, Ev = 1;
   AttentionOptions options;
-  int mask_kind = 0;  // 0 none, 1 bool, 2 additive float
+  int mask_kind = 0;                     // 0 none, 1 bool, 2 additive float
   std::vector<std::int64_t> mask_shape;  // empty: full (..., Hq, L, S)
 
   std::vector<std::int64_t> shape(std::int64_t h, std::int64_t n, std::int64_t e) const {
@@ -108,8 +108,8 @@ struct Case {
     std::string s;
     for (auto d : lead) s += std::to_string(d) + "x";
     s += "Hq" + std::to_string(Hq) + "_Hkv" + std::to_string(Hkv) + "_L" + std::to_string(L) +
-         "_S" + std::to_string(S) + "_E" + std::to_string(E) + "_Ev" + std::to_string(Ev) +
-         "_" + causal_name(options.causal) + "_mask" + std::to_string(mask_kind);
+         "_S" + std::to_string(S) + "_E" + std::to_string(E) + "_Ev" + std::to_string(Ev) + "_" +
+         causal_name(options.causal) + "_mask" + std::to_string(mask_kind);
     return s;
   }
 };

@@ -18,8 +18,9 @@ namespace fs = std::filesystem;
 class NpyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("sdpa_npy_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("sdpa_npy_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -85,7 +86,8 @@ TEST_F(NpyTest, ReadsVersionsTwoAndThree) {
   const double one = 1.0;
   std::memcpy(data.data(), &one, 8);
   for (int version : {1, 2, 3}) {
-    const auto f = craft("v.npy", version, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", data);
+    const auto f =
+        craft("v.npy", version, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", data);
     const sdpa::Array a = sdpa::read_npy(f);
     EXPECT_EQ(a.data_as<double>()[0], 1.0) << version;
   }
@@ -102,7 +104,8 @@ TEST_F(NpyTest, RefusesEveryMalformedFile) {
       {"truncated data", "truncated", craft("t.npy", 1, ok, data24.substr(0, 20))},
       {"trailing data", "trailing", craft("tr.npy", 1, ok, data24 + "xx")},
       {"header lies about shape", "header promises",
-       craft("lie.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (100, 100), }", data24)},
+       craft("lie.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (100, 100), }",
+             data24)},
       {"big-endian", "unsupported dtype",
        craft("be.npy", 1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", data24)},
       {"int dtype", "unsupported dtype",
@@ -113,34 +116,43 @@ TEST_F(NpyTest, RefusesEveryMalformedFile) {
        craft("f.npy", 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", data24)},
       {"overflowing shape", "2^62",
        craft("o.npy", 1,
-             "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", data24)},
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }",
+             data24)},
       {"64-bit overflow", "overflows",
        craft("o2.npy", 1,
-             "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", data24)},
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+             data24)},
       {"absurd but representable", "header promises",
-       craft("a.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }", data24)},
-      {"missing key", "malformed", craft("mk.npy", 1, "{'descr': '<f4', 'shape': (2, 3), }", data24)},
+       craft("a.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }",
+             data24)},
+      {"missing key", "malformed",
+       craft("mk.npy", 1, "{'descr': '<f4', 'shape': (2, 3), }", data24)},
       {"garbage header", "malformed", craft("g.npy", 1, "not a dict at all", data24)},
       {"unknown key", "malformed",
-       craft("uk.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", data24)},
+       craft("uk.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}",
+             data24)},
       {"negative dimension", "malformed",
        craft("n.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 3), }", data24)},
       {"bad version", "version", craft("bv.npy", 7, ok, data24)},
-      {"header longer than file", "truncated", [&] {
+      {"header longer than file", "truncated",
+       [&] {
          std::string b("\x93NUMPY\x01\x00\xff\xff", 10);
          std::ofstream(path("hl.npy"), std::ios::binary) << b;
          return path("hl.npy");
        }()},
-      {"not npy", "not a .npy", [&] {
+      {"not npy", "not a .npy",
+       [&] {
          std::ofstream(path("x.npy"), std::ios::binary) << "hello world, not numpy";
          return path("x.npy");
        }()},
-      {"empty file", "not a .npy", [&] {
+      {"empty file", "not a .npy",
+       [&] {
          std::ofstream(path("empty.npy"), std::ios::binary) << "";
          return path("empty.npy");
        }()},
       {"bool byte 2", "bool array holds",
-       craft("b.npy", 1, "{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }", std::string("\x01\x02", 2))},
+       craft("b.npy", 1, "{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }",
+             std::string("\x01\x02", 2))},
       {"missing file", "cannot open", path("does-not-exist.npy")},
       {"directory", "regular", dir_.string()},
   };

@@ -262,8 +262,10 @@ TEST(ReferenceProperty, GqaEqualsExplicitlyRepeatedHeads) {
   for (std::int64_t b = 0; b < 2; ++b) {
     for (std::int64_t h = 0; h < 6; ++h) {
       const std::int64_t src = b * 2 + h / 3, dst = b * 6 + h;
-      for (std::int64_t i = 0; i < c.S * c.E; ++i) set(k2, dst * c.S * c.E + i, get(in.k, src * c.S * c.E + i));
-      for (std::int64_t i = 0; i < c.S * c.Ev; ++i) set(v2, dst * c.S * c.Ev + i, get(in.v, src * c.S * c.Ev + i));
+      for (std::int64_t i = 0; i < c.S * c.E; ++i)
+        set(k2, dst * c.S * c.E + i, get(in.k, src * c.S * c.E + i));
+      for (std::int64_t i = 0; i < c.S * c.Ev; ++i)
+        set(v2, dst * c.S * c.Ev + i, get(in.v, src * c.S * c.Ev + i));
     }
   }
   AttentionOptions plain = c.options;
@@ -397,44 +399,45 @@ TEST(ReferenceErrors, MessagesNameTheArgument) {
   Array out(DType::float32, {2, 4, 2});
   AttentionOptions o;
   o.enable_gqa = true;
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k, v, nullptr, o, out.mut()); })
-                .find("enable_gqa"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { sdpa::attention_forward(q, k, v, nullptr, o, out.mut()); }).find("enable_gqa"),
+      std::string::npos);
   o.enable_gqa = false;
   EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k, v, nullptr, o, out.mut()); }).find("key"),
             std::string::npos);
   const Array k2 = sdpa::test::random_array(DType::float32, {2, 5, 3}, 2);
   const Array v2 = sdpa::test::random_array(DType::float32, {2, 5, 2}, 3);
   o.scale = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); })
-                .find("scale"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); }).find("scale"),
+      std::string::npos);
   o.scale = std::numeric_limits<double>::infinity();
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); })
-                .find("scale"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); }).find("scale"),
+      std::string::npos);
   o.scale.reset();
   const Array badmask = sdpa::test::random_array(DType::boolean, {3, 5}, 4);
   const sdpa::TensorRef mref = badmask.ref();
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, &mref, o, out.mut()); })
-                .find("mask"),
+  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, &mref, o, out.mut()); }).find("mask"),
             std::string::npos);
   o.threads = -1;
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); })
-                .find("threads"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, out.mut()); }).find("threads"),
+      std::string::npos);
   o.threads = 0;
   Array wrong_out(DType::float32, {2, 4, 3});
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q, k2, v2, nullptr, o, wrong_out.mut()); })
-                .find("out"),
+  EXPECT_NE(error_of([&] {
+              sdpa::attention_forward(q, k2, v2, nullptr, o, wrong_out.mut());
+            }).find("out"),
             std::string::npos);
   const Array q64 = sdpa::test::random_array(DType::float64, {2, 4, 3}, 1);
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(q64, k2, v2, nullptr, o, out.mut()); })
-                .find("dtype"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { sdpa::attention_forward(q64, k2, v2, nullptr, o, out.mut()); }).find("dtype"),
+      std::string::npos);
   const Array rank1 = sdpa::test::random_array(DType::float32, {3}, 1);
-  EXPECT_NE(error_of([&] { sdpa::attention_forward(rank1, k2, v2, nullptr, o, out.mut()); })
-                .find("query"),
+  EXPECT_NE(error_of([&] {
+              sdpa::attention_forward(rank1, k2, v2, nullptr, o, out.mut());
+            }).find("query"),
             std::string::npos);
 }
 
