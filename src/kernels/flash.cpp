@@ -589,7 +589,7 @@ HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
 void fast_forward(const Problem& p, void* out, void* lse) {
-  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+  if (p.dtype == DType::float32 && float32_may_overflow(p)) {
     reference_forward(p, out, lse);
   } else if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p, out, lse);
@@ -600,7 +600,7 @@ void fast_forward(const Problem& p, void* out, void* lse) {
 
 void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
                    void* dq, void* dk, void* dv) {
-  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+  if (p.dtype == DType::float32 && float32_may_overflow(p, grad_out)) {
     reference_backward(p, grad_out, dq, dk, dv);
   } else if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, out, lse, grad_out, dq, dk, dv);

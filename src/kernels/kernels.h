@@ -11,9 +11,10 @@ void fast_forward(const Problem& p, void* out, void* lse);
 void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
                    void* dq, void* dk, void* dv);
 
-/// True when a float32 problem's scores (plus the mask) might pass float32's range; the fast and
-/// naive kernels then hand the call to the float64 reference. Defined in range.cpp.
-bool float32_scores_may_overflow(const Problem& p);
+/// True when an intermediate of a float32 problem (scores plus mask, the forward's accumulator,
+/// and with grad_out given the backward's dP, dS and gradients) might pass float32's range; the
+/// fast and naive kernels then hand the call to the float64 reference. Defined in range.cpp.
+bool float32_may_overflow(const Problem& p, const void* grad_out = nullptr);
 
 void naive_forward(const Problem& p, void* out, void* lse);
 void naive_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,

@@ -129,7 +129,7 @@ void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
 }  // namespace
 
 void naive_forward(const Problem& p, void* out, void* lse) {
-  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+  if (p.dtype == DType::float32 && float32_may_overflow(p)) {
     reference_forward(p, out, lse);
   } else if (p.dtype == DType::float64) {
     forward<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
@@ -140,7 +140,7 @@ void naive_forward(const Problem& p, void* out, void* lse) {
 
 void naive_backward(const Problem& p, const void*, const void*, const void* grad_out, void* dq,
                     void* dk, void* dv) {
-  if (p.dtype == DType::float32 && float32_scores_may_overflow(p)) {
+  if (p.dtype == DType::float32 && float32_may_overflow(p, grad_out)) {
     reference_backward(p, grad_out, dq, dk, dv);
   } else if (p.dtype == DType::float64) {
     backward<double>(p, static_cast<const double*>(grad_out), static_cast<double*>(dq),

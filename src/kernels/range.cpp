@@ -1,12 +1,15 @@
 // The range guard shared by the fused and the naive kernel for float32 problems.
 //
-// Both compute float32 scores as (scale * q) . k, add the mask in float32 and run the softmax in
-// float32. When a score can pass float32's range (3.4e38), it overflows to +inf and inf - inf
-// gives NaN where the exact score is finite (a scale of 1e200 is not even a float32). Such
-// calls, which only absurd scales, magnitudes or mask values make, take the float64 reference,
-// which never overflows. The guard reads Q, K and a floating mask once: O((L + S) E + |mask|)
-// beside the kernels' O(L S E). The bound 1e36 leaves a margin of 300 below float32's maximum
-// for the rescaling inside the online softmax.
+// Both compute in float32: scores (scale * q) . k with the mask added, the softmax, the
+// unnormalised sum of exp(score - max) * v, and in the backward dP = dO V^T, dS and the three
+// gradients. When one of these intermediates can pass float32's range (3.4e38) it overflows to
+// inf, and inf - inf or inf / inf gives NaN (or an inf) where the exact result is finite: a
+// scale of 1e200 is not even a float32, and 16 values of 3e38 sum to inf although their
+// weighted mean is 3e38. Such calls, which only absurd scales, magnitudes or mask values make,
+// take the float64 reference, which never overflows there. The guard bounds each intermediate
+// from the largest magnitudes of the inputs, read once: O((L + S) E + S Ev + |mask|) beside the
+// kernels' O(L S E). The bound 1e36 leaves a margin of 300 below float32's maximum for the
+// rescaling inside the online softmax and for rounding.
 //
 // Only positive mask values count: a large negative one (PyTorch users often write
 // torch.finfo(float32).min for "masked") can at worst round to -inf, which gives that key a
@@ -55,15 +58,33 @@ double max_positive_mask(const MaskView& m) {
 
 }  // namespace
 
-bool float32_scores_may_overflow(const Problem& p) {
-  const double mq = max_finite_abs(static_cast<const float*>(p.query), p.B * p.Hq * p.L * p.E);
-  const double mk = max_finite_abs(static_cast<const float*>(p.key), p.B * p.Hkv * p.S * p.E);
+bool float32_may_overflow(const Problem& p, const void* grad_out) {
+  constexpr double kLimit = 1e36;
+  auto max_of = [](const void* x, std::int64_t n) {
+    return max_finite_abs(static_cast<const float*>(x), n);
+  };
+  const double mq = max_of(p.query, p.B * p.Hq * p.L * p.E);
+  const double mk = max_of(p.key, p.B * p.Hkv * p.S * p.E);
+  const double mv = max_of(p.value, p.B * p.Hkv * p.S * p.Ev);
   const double scale = std::fabs(p.scale);
+  const double L = static_cast<double>(p.L), S = static_cast<double>(p.S);
+  const double E = static_cast<double>(p.E), Ev = static_cast<double>(p.Ev);
   // The scale is folded into q, so scale * q must fit as well (a scale of 1e200 times a q of
   // 1e-190 is a modest score but an infinite folded query).
-  if (scale > 3e38 || scale * mq > 1e36) return true;
-  const double score_bound = scale * static_cast<double>(p.E) * mq * mk;
-  return score_bound + max_positive_mask(p.mask) > 1e36;
+  if (scale > 3e38 || scale * mq > kLimit) return true;
+  // Scores, mask included.
+  if (scale * E * mq * mk + max_positive_mask(p.mask) > kLimit) return true;
+  // The forward's accumulator: at most S weights of at most 1 times max|v|.
+  if (S * mv > kLimit) return true;
+  if (grad_out == nullptr) return false;
+  // The backward: |dP| and |rowsum(dO o O)| <= Ev max|dO| max|v|, |dS| <= twice that;
+  // dQ sums S terms of scale dS k, dK sums the L rows of every query head of its group, dV
+  // sums those rows' P dO.
+  const double mdo = max_of(grad_out, p.B * p.Hq * p.L * p.Ev);
+  const double rows = L * static_cast<double>(p.group);
+  const double ds = 2 * Ev * mdo * mv;
+  return ds > kLimit || scale * S * ds * mk > kLimit || scale * rows * ds * mq > kLimit ||
+         rows * mdo > kLimit;
 }
 
 }  // namespace sdpa::detail

@@ -354,41 +354,51 @@ TEST(FastKernel, NonFiniteAtMaskedPositionsDoesNotLeak) {
   }
 }
 
-TEST(FastKernel, ScoresPastFloat32RangeStayFinite) {
-  // float32 problems whose scores (mask included) might pass float32's range take the float64
-  // path in both fast implementations: results finite and equal to the reference's. Found by
-  // fuzz_attention on the naive path (fuzz/regressions/attention/nonfinite-*).
+TEST(FastKernel, IntermediatesPastFloat32RangeStayFinite) {
+  // float32 problems whose float32 intermediates might pass float32's range take the float64
+  // path in both fast implementations (src/kernels/range.cpp): results finite and equal to the
+  // reference's. Found by fuzz_attention (fuzz/regressions/attention/nonfinite-*).
   constexpr std::int64_t L = 20, S = 37;
   const Case c = make_case(L, S, 8, 5, Causal::none, 0);
   struct Variant {
     const char* name;
+    bool backward;  // false where the exact gradients themselves pass float32's range
     void (*apply)(Inputs&, AttentionOptions&);
   };
   const Variant variants[] = {
-      {"scale 1e200", [](Inputs&, AttentionOptions& o) { o.scale = 1e200; }},
-      {"a query of 3e38", [](Inputs& in, AttentionOptions&) { in.q.data_as<float>()[3] = 3e38f; }},
-      {"a float64 mask of +1e300",
+      {"scale 1e200", true, [](Inputs&, AttentionOptions& o) { o.scale = 1e200; }},
+      {"a query of 3e38", true,
+       [](Inputs& in, AttentionOptions&) { in.q.data_as<float>()[3] = 3e38f; }},
+      {"a float64 mask of +1e300", true,
        [](Inputs& in, AttentionOptions&) {
          in.mask = Array(DType::float64, {L, S});
          for (std::int64_t i = 0; i < in.mask.numel(); ++i) sdpa::test::set(in.mask, i, 0.0);
          sdpa::test::set(in.mask, 5, 1e300);
          in.has_mask = true;
        }},
-      {"a float32 mask of FLT_MAX",
+      {"a float32 mask of FLT_MAX", true,
        [](Inputs& in, AttentionOptions&) {
          in.mask = Array(DType::float32, {S});
          for (std::int64_t i = 0; i < in.mask.numel(); ++i) sdpa::test::set(in.mask, i, 0.0);
          sdpa::test::set(in.mask, 11, FLT_MAX);
          in.has_mask = true;
        }},
+      {"values of 3e38", false,
+       [](Inputs& in, AttentionOptions&) {
+         for (std::int64_t i = 0; i < in.v.numel(); ++i) in.v.data_as<float>()[i] = 3e38f;
+       }},
+      {"an output gradient of 1e35", true,
+       [](Inputs& in, AttentionOptions&) {
+         for (std::int64_t i = 0; i < in.dout.numel(); ++i) in.dout.data_as<float>()[i] *= 1e35f;
+       }},
   };
   for (const Variant& variant : variants) {
     Inputs in = make_inputs(c, DType::float32, 41);
     AttentionOptions o = c.options;
     variant.apply(in, o);
-    const Outputs truth = run(as_float64(in), o, Impl::reference);
+    const Outputs truth = run(as_float64(in), o, Impl::reference, variant.backward);
     for (Impl impl : {Impl::fast, Impl::naive}) {
-      expect_finite_and_close(run(in, o, impl), truth,
+      expect_finite_and_close(run(in, o, impl, variant.backward), truth,
                               std::string(variant.name) + " on " + sdpa::impl_name(impl));
     }
   }
