@@ -32,19 +32,12 @@ using sdpa::oracle::unit_roundoff;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-struct Outputs {
-  Array out, lse;
-};
+using sdpa::test::Outputs;
 
 Outputs forward(const Array& q, const Array& k, const Array& v, const Array* mask,
-                sdpa::AttentionOptions o, Impl impl) {
-  o.impl = impl;
-  Outputs r{Array(q.dtype(), sdpa::attention_output_shape(q, k, v, o)),
-            Array(q.dtype(), sdpa::attention_lse_shape(q))};
+                const sdpa::AttentionOptions& o, Impl impl) {
   const sdpa::TensorRef mr = mask != nullptr ? mask->ref() : sdpa::TensorRef{};
-  const sdpa::MutableTensorRef lr = r.lse.mut();
-  sdpa::attention_forward(q, k, v, mask != nullptr ? &mr : nullptr, o, r.out.mut(), &lr);
-  return r;
+  return sdpa::test::run_forward(q, k, v, mask != nullptr ? &mr : nullptr, o, impl);
 }
 
 double max_abs_of(const Array& a) {

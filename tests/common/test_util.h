@@ -149,4 +149,37 @@ inline Inputs make_inputs(const Case& c, DType dtype, std::uint64_t seed) {
   return in;
 }
 
+/// What one implementation gives for one problem: the forward's out and lse, and (when the
+/// backward ran) the gradients; arrays that were not computed stay empty.
+struct Outputs {
+  Array out, lse, dq, dk, dv;
+};
+
+/// The forward with `impl`, writing out and lse.
+inline Outputs run_forward(const Array& q, const Array& k, const Array& v, const TensorRef* mask,
+                           AttentionOptions o, Impl impl) {
+  o.impl = impl;
+  Outputs r;
+  r.out = Array(q.dtype(), attention_output_shape(q, k, v, o));
+  r.lse = Array(q.dtype(), attention_lse_shape(q));
+  const MutableTensorRef lse = r.lse.mut();
+  attention_forward(q, k, v, mask, o, r.out.mut(), &lse);
+  return r;
+}
+
+/// The forward, then (with_backward) the backward from that forward's out and lse and the
+/// inputs' dout, all with `impl`.
+inline Outputs run(const Inputs& in, AttentionOptions o, Impl impl, bool with_backward = true) {
+  Outputs r = run_forward(in.q, in.k, in.v, in.mask_ref(), o, impl);
+  if (with_backward) {
+    o.impl = impl;
+    r.dq = Array(in.q.dtype(), in.q.shape());
+    r.dk = Array(in.k.dtype(), in.k.shape());
+    r.dv = Array(in.v.dtype(), in.v.shape());
+    attention_backward(in.q, in.k, in.v, in.mask_ref(), r.out, r.lse, in.dout, o, r.dq.mut(),
+                       r.dk.mut(), r.dv.mut());
+  }
+  return r;
+}
+
 }  // namespace sdpa::test

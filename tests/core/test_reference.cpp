@@ -25,32 +25,16 @@ using sdpa::test::make_inputs;
 using sdpa::test::max_abs_diff;
 using sdpa::test::set;
 
-struct Result {
-  Array out, lse;
-};
+using Result = sdpa::test::Outputs;  // out and lse
+using Grads = sdpa::test::Outputs;   // dq, dk and dv too
 
 Result forward(const Array& q, const Array& k, const Array& v, const sdpa::TensorRef* mask,
-               AttentionOptions o) {
-  o.impl = Impl::reference;
-  Result r{Array(q.dtype(), sdpa::attention_output_shape(q, k, v, o)),
-           Array(q.dtype(), sdpa::attention_lse_shape(q))};
-  const sdpa::MutableTensorRef lse = r.lse.mut();
-  sdpa::attention_forward(q, k, v, mask, o, r.out.mut(), &lse);
-  return r;
+               const AttentionOptions& o) {
+  return sdpa::test::run_forward(q, k, v, mask, o, Impl::reference);
 }
 
-struct Grads {
-  Array dq, dk, dv;
-};
-
-Grads backward(const Inputs& in, AttentionOptions o) {
-  o.impl = Impl::reference;
-  const Result r = forward(in.q, in.k, in.v, in.mask_ref(), o);
-  Grads g{Array(in.q.dtype(), in.q.shape()), Array(in.k.dtype(), in.k.shape()),
-          Array(in.v.dtype(), in.v.shape())};
-  sdpa::attention_backward(in.q, in.k, in.v, in.mask_ref(), r.out, r.lse, in.dout, o, g.dq.mut(),
-                           g.dk.mut(), g.dv.mut());
-  return g;
+Grads backward(const Inputs& in, const AttentionOptions& o) {
+  return sdpa::test::run(in, o, Impl::reference);
 }
 
 Array make(DType dt, std::vector<std::int64_t> shape, std::vector<double> values) {

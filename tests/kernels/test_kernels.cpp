@@ -45,28 +45,8 @@ using sdpa::test::Inputs;
 using sdpa::test::make_inputs;
 using sdpa::test::max_abs;
 using sdpa::test::max_abs_diff;
-
-struct Outputs {
-  Array out, lse, dq, dk, dv;
-};
-
-// Forward, then backward from that forward's out and lse, all with one implementation.
-Outputs run(const Inputs& in, AttentionOptions o, Impl impl, bool with_backward = true) {
-  o.impl = impl;
-  Outputs r;
-  r.out = Array(in.q.dtype(), sdpa::attention_output_shape(in.q, in.k, in.v, o));
-  r.lse = Array(in.q.dtype(), sdpa::attention_lse_shape(in.q));
-  const sdpa::MutableTensorRef lse = r.lse.mut();
-  sdpa::attention_forward(in.q, in.k, in.v, in.mask_ref(), o, r.out.mut(), &lse);
-  if (with_backward) {
-    r.dq = Array(in.q.dtype(), in.q.shape());
-    r.dk = Array(in.k.dtype(), in.k.shape());
-    r.dv = Array(in.v.dtype(), in.v.shape());
-    sdpa::attention_backward(in.q, in.k, in.v, in.mask_ref(), r.out, r.lse, in.dout, o, r.dq.mut(),
-                             r.dk.mut(), r.dv.mut());
-  }
-  return r;
-}
+using sdpa::test::Outputs;
+using sdpa::test::run;
 
 Inputs as_float64(const Inputs& in) {
   Inputs d;
