@@ -72,23 +72,38 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
   }
 }
 
+// One query head h of batch b: its slices of Q, K and V, and P = softmax(scale Q K^T + mask)
+// in P (passes 1 and 2; lse, nullable, is the base of the whole lse output).
+template <class T>
+struct Head {
+  int64_t bhq, bhk;  // flat (batch, query head) and (batch, kv head)
+  const T *q, *k, *v;
+};
+
+template <class T>
+Head<T> probabilities(const Problem& p, int64_t b, int64_t h, T* P, T* lse) {
+  const int64_t L = p.L, S = p.S, E = p.E;
+  Head<T> hd;
+  hd.bhq = b * p.Hq + h;
+  hd.bhk = b * p.Hkv + h / p.group;
+  hd.q = static_cast<const T*>(p.query) + hd.bhq * L * E;
+  hd.k = static_cast<const T*>(p.key) + hd.bhk * S * E;
+  hd.v = static_cast<const T*>(p.value) + hd.bhk * S * p.Ev;
+  gemm(false, true, L, S, E, T(p.scale), hd.q, E, hd.k, E, T(0), P, S);  // S = scale Q K^T
+  softmax_rows(p, b, h, P, lse != nullptr ? lse + hd.bhq * L : nullptr);
+  return hd;
+}
+
 template <class T>
 void forward(const Problem& p, T* out, T* lse) {
-  const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t L = p.L, S = p.S, Ev = p.Ev;
   T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(L * S) * sizeof(T)));
   openblas_set_num_threads(p.threads);
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.Hq; ++h) {
-      const int64_t bhq = b * p.Hq + h, bhk = b * p.Hkv + h / p.group;
-      const T* q = static_cast<const T*>(p.query) + bhq * L * E;
-      const T* k = static_cast<const T*>(p.key) + bhk * S * E;
-      const T* v = static_cast<const T*>(p.value) + bhk * S * Ev;
-      // pass 1: S = scale * Q K^T
-      gemm(false, true, L, S, E, T(p.scale), q, E, k, E, T(0), P, S);
-      // pass 2: softmax
-      softmax_rows(p, b, h, P, lse != nullptr ? lse + bhq * L : nullptr);
+      const Head<T> hd = probabilities(p, b, h, P, lse);
       // pass 3: O = P V
-      gemm(false, false, L, Ev, S, T(1), P, S, v, Ev, T(0), out + bhq * L * Ev, Ev);
+      gemm(false, false, L, Ev, S, T(1), P, S, hd.v, Ev, T(0), out + hd.bhq * L * Ev, Ev);
     }
   }
 }
@@ -103,13 +118,10 @@ void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
   openblas_set_num_threads(p.threads);
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.Hq; ++h) {
-      const int64_t bhq = b * p.Hq + h, bhk = b * p.Hkv + h / p.group;
-      const T* q = static_cast<const T*>(p.query) + bhq * L * E;
-      const T* k = static_cast<const T*>(p.key) + bhk * S * E;
-      const T* v = static_cast<const T*>(p.value) + bhk * S * Ev;
+      const Head<T> hd = probabilities<T>(p, b, h, P, nullptr);
+      const int64_t bhq = hd.bhq, bhk = hd.bhk;
+      const T *q = hd.q, *k = hd.k, *v = hd.v;
       const T* g = dout + bhq * L * Ev;
-      gemm(false, true, L, S, E, T(p.scale), q, E, k, E, T(0), P, S);
-      softmax_rows<T>(p, b, h, P, nullptr);
       gemm(true, false, S, Ev, L, T(1), P, S, g, Ev, T(1), dv + bhk * S * Ev, Ev);  // dV += P^T dO
       gemm(false, true, L, S, Ev, T(1), g, Ev, v, Ev, T(0), dS, S);                 // dP = dO V^T
 #pragma omp parallel for num_threads(p.threads) schedule(static)
