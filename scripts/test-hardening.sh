@@ -2,7 +2,7 @@
 # Hardening checks, run by scripts/test.sh after the ordinary test suite (or alone):
 #   1. the C++ test suite built with AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)
 #      and run with ctest;
-#   2. each libFuzzer target for SDPA_FUZZ_SECONDS (default 30) seconds (fuzz/run.sh, build-fuzz);
+#   2. each libFuzzer target for SDPA_FUZZ_SECONDS (default 60) seconds (fuzz/run.sh, build-fuzz);
 #   3. valgrind memcheck on a small run of each command of the ordinary build's `sdpa`.
 # Budget: about 8 minutes on 2 cores from scratch, builds included (docs/guarantees.md has the
 # measured split). Environment: SDPA_BUILD_DIR (the ordinary build, default build),
@@ -11,7 +11,7 @@
 # SDPA_ASAN_GTEST_FILTER (tests left out under ASan, default the memory-measuring ones).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ASAN_BUILD="${SDPA_ASAN_BUILD_DIR:-$ROOT/build-asan}"
-FUZZ_SECONDS="${SDPA_FUZZ_SECONDS:-30}"
+FUZZ_SECONDS="${SDPA_FUZZ_SECONDS:-60}"
 SKIP=" ${SDPA_HARDENING_SKIP:-} "
 start=$SECONDS
 step() { echo "== hardening: $1 ($((SECONDS - start)) s so far)" >&2; }
