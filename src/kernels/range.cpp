@@ -16,41 +16,89 @@
 // probability of 0, never a NaN; counting it would send such everyday calls to the slow path.
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <cstring>
 
 #include "kernels/kernels.h"
 
-namespace sdpa::detail {
-namespace {
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/range.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include "hwy/highway.h"
 
-// Largest |x| over the finite entries; the non-finite ones follow the masking and NaN rules.
-template <class T>
-double max_finite_abs(const T* x, std::int64_t n) {
-  T m = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T a = std::fabs(x[i]);
-    if (a > m && a <= std::numeric_limits<T>::max()) m = a;
+// The bit patterns of non-negative IEEE numbers sort as the numbers do, and +inf's pattern is
+// above every finite one (NaN's above that); so the maxima below are integer maxima over the
+// patterns, vectorised with Highway on the best target. Each is one read of the tensor at memory
+// speed: ~1 ms for the 25 MB of Q, K and V at B = 1, H = 8, L = S = 4096, E = 64 on AVX-512,
+// under 1% of that forward.
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The largest pattern below +inf's among x[0..n) (each first and-ed with keep: clearing the sign
+// bit gives |x|; keeping it makes negative numbers negative integers, below 0), or 0.
+template <class T, class I>
+I MaxFinitePattern(const T* x, std::int64_t n, I keep, I inf) {
+  const hn::ScalableTag<T> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto vkeep = hn::Set(di, keep), vinf = hn::Set(di, inf);
+  auto m = hn::Zero(di);
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto b = hn::And(hn::BitCast(di, hn::LoadU(d, x + i)), vkeep);
+    m = hn::Max(m, hn::IfThenElseZero(hn::Lt(b, vinf), b));
   }
-  return static_cast<double>(m);
+  I r = hn::GetLane(hn::MaxOfLanes(di, m));
+  for (; i < n; ++i) {
+    I b;
+    std::memcpy(&b, x + i, sizeof b);
+    b &= keep;
+    if (b < inf && b > r) r = b;
+  }
+  return r;
 }
 
-// Largest finite positive entry (0 if none).
-template <class T>
-double max_finite_positive(const T* x, std::int64_t n) {
-  T m = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (x[i] > m && x[i] <= std::numeric_limits<T>::max()) m = x[i];
-  }
-  return static_cast<double>(m);
+// Largest |x| (abs) or largest positive x (!abs) over the finite entries, 0 if none.
+float MaxFiniteFloat(const float* x, std::int64_t n, bool abs) {
+  const std::int32_t p =
+      MaxFinitePattern<float, std::int32_t>(x, n, abs ? 0x7fffffff : ~std::int32_t{0}, 0x7f800000);
+  float r;
+  std::memcpy(&r, &p, sizeof r);
+  return r;
+}
+double MaxFiniteDouble(const double* x, std::int64_t n, bool abs) {
+  const std::int64_t p = MaxFinitePattern<double, std::int64_t>(
+      x, n, abs ? 0x7fffffffffffffff : ~std::int64_t{0}, 0x7ff0000000000000);
+  double r;
+  std::memcpy(&r, &p, sizeof r);
+  return r;
+}
+
+}  // namespace sdpa::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::detail {
+
+HWY_EXPORT(MaxFiniteFloat);
+HWY_EXPORT(MaxFiniteDouble);
+
+namespace {
+
+double max_finite_abs(const void* x, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(static_cast<const float*>(x), n, true);
 }
 
 double max_positive_mask(const MaskView& m) {
   if (!m.present) return 0.0;
   switch (m.dtype) {
     case DType::float32:
-      return max_finite_positive(static_cast<const float*>(m.data), m.numel);
+      return HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(static_cast<const float*>(m.data), m.numel,
+                                                  false);
     case DType::float64:
-      return max_finite_positive(static_cast<const double*>(m.data), m.numel);
+      return HWY_DYNAMIC_DISPATCH(MaxFiniteDouble)(static_cast<const double*>(m.data), m.numel,
+                                                   false);
     default:
       return 0.0;  // boolean: 0 or -inf
   }
@@ -60,12 +108,9 @@ double max_positive_mask(const MaskView& m) {
 
 bool float32_may_overflow(const Problem& p, const void* grad_out) {
   constexpr double kLimit = 1e36;
-  auto max_of = [](const void* x, std::int64_t n) {
-    return max_finite_abs(static_cast<const float*>(x), n);
-  };
-  const double mq = max_of(p.query, p.B * p.Hq * p.L * p.E);
-  const double mk = max_of(p.key, p.B * p.Hkv * p.S * p.E);
-  const double mv = max_of(p.value, p.B * p.Hkv * p.S * p.Ev);
+  const double mq = max_finite_abs(p.query, p.B * p.Hq * p.L * p.E);
+  const double mk = max_finite_abs(p.key, p.B * p.Hkv * p.S * p.E);
+  const double mv = max_finite_abs(p.value, p.B * p.Hkv * p.S * p.Ev);
   const double scale = std::fabs(p.scale);
   const double L = static_cast<double>(p.L), S = static_cast<double>(p.S);
   const double E = static_cast<double>(p.E), Ev = static_cast<double>(p.Ev);
@@ -80,7 +125,7 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   // The backward: |dP| and |rowsum(dO o O)| <= Ev max|dO| max|v|, |dS| <= twice that;
   // dQ sums S terms of scale dS k, dK sums the L rows of every query head of its group, dV
   // sums those rows' P dO.
-  const double mdo = max_of(grad_out, p.B * p.Hq * p.L * p.Ev);
+  const double mdo = max_finite_abs(grad_out, p.B * p.Hq * p.L * p.Ev);
   const double rows = L * static_cast<double>(p.group);
   const double ds = 2 * Ev * mdo * mv;
   return ds > kLimit || scale * S * ds * mk > kLimit || scale * rows * ds * mq > kLimit ||
@@ -88,3 +133,4 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
 }
 
 }  // namespace sdpa::detail
+#endif  // HWY_ONCE

@@ -28,8 +28,10 @@
 #include <vector>
 
 #include "../common/test_util.h"
+#include "core/problem.h"
 #include "hwy/targets.h"
 #include "kernels/dispatch.h"
+#include "kernels/kernels.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -381,6 +383,53 @@ TEST(FastKernel, IntermediatesPastFloat32RangeStayFinite) {
       expect_finite_and_close(run(in, o, impl, variant.backward), truth,
                               std::string(variant.name) + " on " + sdpa::impl_name(impl));
     }
+  }
+}
+
+TEST(RangeGuard, FlagsExactlyTheInputsThatCanOverflow) {
+  // The guard itself: an always-true guard would pass every accuracy test (the reference is
+  // right) while making every call slow, so assert that ordinary inputs are not flagged.
+  // S * E = 185 entries per head is not a multiple of any vector width, so the scalar tail of
+  // the vectorised maxima is exercised too.
+  constexpr std::int64_t L = 20, S = 37;
+  const Case c = make_case(L, S, 5, 5, Causal::none, 0);
+  auto flagged = [&](const Inputs& in, bool backward) {
+    const sdpa::TensorRef q = in.q.ref(), k = in.k.ref(), v = in.v.ref();
+    const sdpa::detail::Problem p =
+        sdpa::detail::resolve_problem(q, k, v, in.mask_ref(), c.options);
+    return sdpa::detail::float32_may_overflow(p, backward ? in.dout.data() : nullptr);
+  };
+  auto fresh = [&] { return make_inputs(c, DType::float32, 51); };
+  EXPECT_FALSE(flagged(fresh(), false));
+  EXPECT_FALSE(flagged(fresh(), true));
+  {  // non-finite entries do not count (they follow the masking and NaN rules)
+    Inputs in = fresh();
+    in.q.data_as<float>()[0] = NAN;
+    in.k.data_as<float>()[1] = INFINITY;
+    in.v.data_as<float>()[2] = -INFINITY;
+    EXPECT_FALSE(flagged(in, true));
+  }
+  {  // finfo(float32).min as "masked" does not count; +FLT_MAX does
+    Inputs in = fresh();
+    in.mask = Array(DType::float32, {S});
+    for (std::int64_t i = 0; i < S; ++i) sdpa::test::set(in.mask, i, -FLT_MAX);
+    in.has_mask = true;
+    EXPECT_FALSE(flagged(in, false));
+    sdpa::test::set(in.mask, S - 1, FLT_MAX);
+    EXPECT_TRUE(flagged(in, false));
+  }
+  // One large entry, last of its tensor (the scalar tail), in each input in turn.
+  for (const char* which : {"q", "k", "v"}) {
+    Inputs in = fresh();
+    Array& a = which[0] == 'q' ? in.q : which[0] == 'k' ? in.k : in.v;
+    a.data_as<float>()[a.numel() - 1] = which[0] == 'v' ? 1e35f : 1e36f;
+    EXPECT_TRUE(flagged(in, false)) << which;
+  }
+  {  // a large output gradient only matters to the backward
+    Inputs in = fresh();
+    in.dout.data_as<float>()[in.dout.numel() - 1] = 1e35f;
+    EXPECT_FALSE(flagged(in, false));
+    EXPECT_TRUE(flagged(in, true));
   }
 }
 
