@@ -112,6 +112,21 @@ std::vector<std::int64_t> attention_lse_shape(const TensorRef& query) {
   return std::vector<std::int64_t>(query.shape.begin(), query.shape.end() - 1);
 }
 
+namespace {
+
+// The fast and naive kernels compute float32 problems in float32; the few whose float32
+// intermediates could pass float32's range (absurd scales, magnitudes or mask values; see
+// kernels/range.cpp) are computed by the float64 reference instead, which never overflows there.
+Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_out) {
+  if (requested != Impl::reference && p.dtype == DType::float32 &&
+      detail::float32_may_overflow(p, grad_out)) {
+    return Impl::reference;
+  }
+  return requested;
+}
+
+}  // namespace
+
 void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                        const TensorRef* mask, const AttentionOptions& options,
                        const MutableTensorRef& out, const MutableTensorRef* lse) {
@@ -124,7 +139,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
   void* lse_data = lse != nullptr ? lse->data : nullptr;
-  switch (options.impl) {
+  switch (effective_impl(p, options.impl, nullptr)) {
     case Impl::reference:
       detail::reference_forward(p, out.data, lse_data);
       break;
@@ -153,7 +168,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   detail::check_tensor(grad_value, p.dtype, value.shape, "grad_value");
   // Nothing to write (see attention_forward).
   if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
-  switch (options.impl) {
+  switch (effective_impl(p, options.impl, grad_out.data)) {
     case Impl::reference:
       detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data, grad_value.data);
       break;

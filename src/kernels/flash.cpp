@@ -83,7 +83,6 @@
 #include "kernels/flash_common.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
-#include "reference/reference.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash.cpp"
@@ -589,9 +588,7 @@ HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
 void fast_forward(const Problem& p, void* out, void* lse) {
-  if (p.dtype == DType::float32 && float32_may_overflow(p)) {
-    reference_forward(p, out, lse);
-  } else if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p, out, lse);
   } else {
     HWY_DYNAMIC_DISPATCH(ForwardFloat)(p, out, lse);
@@ -600,9 +597,7 @@ void fast_forward(const Problem& p, void* out, void* lse) {
 
 void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
                    void* dq, void* dk, void* dv) {
-  if (p.dtype == DType::float32 && float32_may_overflow(p, grad_out)) {
-    reference_backward(p, grad_out, dq, dk, dv);
-  } else if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, out, lse, grad_out, dq, dk, dv);
   } else {
     HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, out, lse, grad_out, dq, dk, dv);

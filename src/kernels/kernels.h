@@ -13,7 +13,8 @@ void fast_backward(const Problem& p, const void* out, const void* lse, const voi
 
 /// True when an intermediate of a float32 problem (scores plus mask, the forward's accumulator,
 /// and with grad_out given the backward's dP, dS and gradients) might pass float32's range; the
-/// fast and naive kernels then hand the call to the float64 reference. Defined in range.cpp.
+/// dispatcher (core/attention.cpp) then hands the call to the float64 reference instead of the
+/// fast or naive kernel. Defined in range.cpp.
 bool float32_may_overflow(const Problem& p, const void* grad_out = nullptr);
 
 void naive_forward(const Problem& p, void* out, void* lse);

@@ -11,8 +11,8 @@
 // Memory: 2 * L * S elements (reused between calls). Threads: OpenBLAS's own for the products,
 // OpenMP for the softmax rows. Masked keys get probability exactly 0; unlike the fused kernel,
 // a NaN or inf stored at a masked-out key or value position can still leak through 0 * NaN in
-// the BLAS products, so this path does not give that guarantee. float32 calls whose scores might
-// pass float32's range go to the float64 reference, as in the fused kernel (range.cpp).
+// the BLAS products, so this path does not give that guarantee. float32 calls whose intermediates
+// might pass float32's range never come here (core/attention.cpp sends them to the reference).
 #include <cblas.h>
 
 #include <algorithm>
@@ -23,7 +23,6 @@
 #include "kernels/flash_common.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
-#include "reference/reference.h"
 
 namespace sdpa::detail {
 namespace {
@@ -141,9 +140,7 @@ void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
 }  // namespace
 
 void naive_forward(const Problem& p, void* out, void* lse) {
-  if (p.dtype == DType::float32 && float32_may_overflow(p)) {
-    reference_forward(p, out, lse);
-  } else if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float64) {
     forward<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
   } else {
     forward<float>(p, static_cast<float*>(out), static_cast<float*>(lse));
@@ -152,9 +149,7 @@ void naive_forward(const Problem& p, void* out, void* lse) {
 
 void naive_backward(const Problem& p, const void*, const void*, const void* grad_out, void* dq,
                     void* dk, void* dv) {
-  if (p.dtype == DType::float32 && float32_may_overflow(p, grad_out)) {
-    reference_backward(p, grad_out, dq, dk, dv);
-  } else if (p.dtype == DType::float64) {
+  if (p.dtype == DType::float64) {
     backward<double>(p, static_cast<const double*>(grad_out), static_cast<double*>(dq),
                      static_cast<double*>(dk), static_cast<double*>(dv));
   } else {
