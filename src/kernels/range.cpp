@@ -14,6 +14,7 @@
 // Only positive mask values count: a large negative one (PyTorch users often write
 // torch.finfo(float32).min for "masked") can at worst round to -inf, which gives that key a
 // probability of 0, never a NaN; counting it would send such everyday calls to the slow path.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -117,8 +118,13 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   // The scale is folded into q, so scale * q must fit as well (a scale of 1e200 times a q of
   // 1e-190 is a modest score but an infinite folded query).
   if (scale > 3e38 || scale * mq > kLimit) return true;
+  // Products are bounded both with the scale and without it (factor max(scale, 1)): the naive
+  // kernel lets BLAS apply the scale after the product (alpha), and the fused backward scales
+  // dQ at the end, so an unscaled q . k or dS K must fit too (a scale of 1e-30 does not save a
+  // q of 3e38).
+  const double sc = std::max(scale, 1.0);
   // Scores, mask included.
-  if (scale * E * mq * mk + max_positive_mask(p.mask) > kLimit) return true;
+  if (sc * E * mq * mk + max_positive_mask(p.mask) > kLimit) return true;
   // The forward's accumulator: at most S weights of at most 1 times max|v|.
   if (S * mv > kLimit) return true;
   if (grad_out == nullptr) return false;
@@ -128,7 +134,7 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   const double mdo = max_finite_abs(grad_out, p.B * p.Hq * p.L * p.Ev);
   const double rows = L * static_cast<double>(p.group);
   const double ds = 2 * Ev * mdo * mv;
-  return ds > kLimit || scale * S * ds * mk > kLimit || scale * rows * ds * mq > kLimit ||
+  return ds > kLimit || sc * S * ds * mk > kLimit || sc * rows * ds * mq > kLimit ||
          rows * mdo > kLimit;
 }
 

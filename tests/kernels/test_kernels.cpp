@@ -351,6 +351,11 @@ TEST(FastKernel, IntermediatesPastFloat32RangeStayFinite) {
       {"scale 1e200", true, [](Inputs&, AttentionOptions& o) { o.scale = 1e200; }},
       {"a query of 3e38", true,
        [](Inputs& in, AttentionOptions&) { in.q.data_as<float>()[3] = 3e38f; }},
+      {"a query of 3e38 at scale 1e-30", true,
+       [](Inputs& in, AttentionOptions& o) {
+         in.q.data_as<float>()[3] = 3e38f;
+         o.scale = 1e-30;
+       }},
       {"a float64 mask of +1e300", true,
        [](Inputs& in, AttentionOptions&) {
          in.mask = Array(DType::float64, {L, S});
