@@ -12,4 +12,8 @@ json run_saturation(const LabOptions& options);   // exp_saturation.cpp: C7
 json run_temperature(const LabOptions& options);  // exp_temperature.cpp: C1, C7
 json run_precision(const LabOptions& options);    // exp_precision.cpp: C2, C7
 
+/// The table `alternatives` of `saturation` (alternatives.cpp): 1, 1/sqrt(d), 1/d, QK-norm and
+/// logit soft-capping at sigma = 1 and 4.
+json alternatives_table(const LabOptions& options);
+
 }  // namespace sdpa::lab

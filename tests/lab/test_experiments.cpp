@@ -80,6 +80,10 @@ const std::map<std::string, std::vector<std::string>> kColumns = {
       "grad_logits_p99",
       "grad_logits_dead"}},
     {"freezing", {"n_keys", "freezing_d", "freezing_s", "parted_s", "parted_d", "first_parted_d"}},
+    {"alternatives",
+     {"sigma", "d", "n_keys", "rows", "method", "logit_std_theory", "logit_std", "entropy",
+      "entropy_theory", "normalized_entropy", "regime", "max_prob", "grad_logits_norm",
+      "grad_logits_dead"}},
     {"entropy_curve", {"n_keys", "s", "d_unscaled", "entropy", "entropy_theory", "regime"}},
     {"score_histogram",
      {"d", "scale", "bin_low", "bin_high", "count", "density", "theory_density"}},
@@ -100,7 +104,7 @@ const std::map<std::string, std::vector<std::string>> kTables = {
     {"softmax", {"article", "article_jacobian", "overflow", "sweep"}},
     {"derive", {"derive"}},
     {"variance", {"variance", "variance_noniid"}},
-    {"saturation", {"saturation", "freezing", "score_histogram", "entropy_curve"}},
+    {"saturation", {"saturation", "freezing", "score_histogram", "entropy_curve", "alternatives"}},
     {"temperature", {"temperature"}},
     {"precision", {"precision", "naive_nan"}},
 };
@@ -306,6 +310,43 @@ TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
     EXPECT_GE(h, num_of(row["entropy_theory"]) - 0.02 * std::log(n)) << "N " << n << " s " << s;
   }
   EXPECT_EQ(scales, (std::set<std::string>{"1", "1/sqrt(d)", "1/d"}));
+}
+
+TEST(Saturation, AlternativesMatchTheirClosedForms) {
+  // Each normaliser's logits have the standard deviation of its closed form (softcap: below
+  // the uncapped one), QK-norm keeps it at 1 whatever sigma, and with activations grown 4x the
+  // article's 1/sqrt(d) freezes where QK-norm does not.
+  const json r = run("saturation", 2);
+  std::set<std::string> methods;
+  int rows = 0;
+  for (const auto& row : r["tables"]["alternatives"]) {
+    ++rows;
+    const std::string m = row["method"];
+    methods.insert(m);
+    const double sd = num_of(row["logit_std"]), theory = num_of(row["logit_std_theory"]);
+    const double n = row["n_keys"], h = num_of(row["entropy"]);
+    const std::string where = m + " sigma " + row["sigma"].dump() + " d " + row["d"].dump();
+    EXPECT_GE(h, 0.0) << where;
+    EXPECT_LE(h, std::log(n) + 1e-9) << where;
+    if (m == "softcap") {
+      EXPECT_LE(sd, theory * 1.05) << where;
+      EXPECT_LE(sd, 50.0) << where;
+    } else {
+      // 128 rows x 1024 keys: the standard deviation is known to a few percent.
+      EXPECT_NEAR(sd, theory, 0.05 * theory) << where;
+    }
+    if (m == "qk-norm") {
+      EXPECT_NEAR(h, num_of(row["entropy_theory"]), 0.02 * std::log(n)) << where;
+    }
+    if (row["sigma"] == 4.0 && m == "1/sqrt(d)") {
+      EXPECT_GT(num_of(row["max_prob"]), 0.5) << where;
+    }
+    if (row["sigma"] == 4.0 && m == "qk-norm") {
+      EXPECT_LT(num_of(row["max_prob"]), 0.05) << where;
+    }
+  }
+  EXPECT_EQ(rows, 2 * 4 * 5);
+  EXPECT_EQ(methods, (std::set<std::string>{"1", "1/sqrt(d)", "1/d", "qk-norm", "softcap"}));
 }
 
 TEST(Precision, BitsLostFollowTheSizeOfTheSignificantLogits) {

@@ -134,7 +134,8 @@ def static_checks(out, text):
         if check(s is not None, f"no section {c}"):
             check(s["figures"] >= 1 and s["svgs"] >= 1, f"section {c} has no figure: {s}")
             check(s["verdicts"] >= 1, f"section {c} has no verdict: {s}")
-    for sid in ("non-ideal", "freezing", "temperature", "precision", "training", "kernel"):
+    for sid in ("non-ideal", "freezing", "alternatives", "temperature", "precision", "training",
+                "kernel"):
         check(sid in p.sections, f"no section {sid}")
     # every svg has a non-zero size and viewBox
     for tag, a in p.tags:

@@ -1,0 +1,204 @@
+// Table `alternatives` of the experiment `saturation` (CLAIMS.md, "Alternatives that real models
+// use"): the normalisers real models use instead of, or on top of, 1/sqrt(d), compared on the
+// same measurements as C7 when q and k keep unit variance (sigma = 1) and when their
+// activations have grown (sigma = 4, a drift the article's derivation assumes away):
+//   "1"          unscaled q.k                      logit std  sigma^2 sqrt(d)
+//   "1/sqrt(d)"  the article's                     logit std  sigma^2
+//   "1/d"        muP's                             logit std  sigma^2 / sqrt(d)
+//   "qk-norm"    q and k RMS-normalised, then 1/sqrt(d): sqrt(d) cos(q, k)   logit std 1
+//   "softcap"    1/sqrt(d), then c tanh(y / c) with c = 50 (Gemma 2's attention cap): at most c
+// For each: the logits' measured standard deviation, the softmax's entropy against the random
+// energy model's ln N - s^2/2 (s the theory's standard deviation), the max probability, and the
+// gradient reaching the logits (for softcap, the logits before the cap) from a random upstream
+// gradient, through the library's softmax and softmax_backward: its median norm and the
+// fraction of rows below a thousandth of the median of 1/sqrt(d) at sigma = 1 ("dead").
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lab/common.h"
+#include "lab/experiments.h"
+#include "lab/random.h"
+#include "lab/stats.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::lab {
+namespace {
+
+constexpr int kAltDs[] = {16, 64, 256, 1024};
+constexpr double kSigmas[] = {1.0, 4.0};
+constexpr int kAltN = 1024;
+constexpr double kCap = 50.0;
+
+enum class Method { unscaled, sqrt_d, inv_d, qk_norm, softcap };
+constexpr Method kMethods[] = {Method::unscaled, Method::sqrt_d, Method::inv_d, Method::qk_norm,
+                               Method::softcap};
+constexpr int kBaseline = 1;  // 1/sqrt(d) at sigma = 1: the "dead" threshold is relative to it
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::unscaled:
+      return "1";
+    case Method::sqrt_d:
+      return "1/sqrt(d)";
+    case Method::inv_d:
+      return "1/d";
+    case Method::qk_norm:
+      return "qk-norm";
+    case Method::softcap:
+      return "softcap";
+  }
+  return "?";
+}
+
+// The standard deviation of the logits that the method's closed form gives (softcap: the
+// uncapped value, an upper bound).
+double std_theory(Method m, double sigma, int d) {
+  const double s2 = sigma * sigma, rd = std::sqrt(static_cast<double>(d));
+  switch (m) {
+    case Method::unscaled:
+      return s2 * rd;
+    case Method::sqrt_d:
+    case Method::softcap:
+      return s2;
+    case Method::inv_d:
+      return s2 / rd;
+    case Method::qk_norm:
+      return 1.0;
+  }
+  return 0.0;
+}
+
+struct RowResult {
+  double entropy = 0, max_prob = 0, grad_norm = 0, sum_z = 0, sum_z2 = 0;
+};
+
+}  // namespace
+
+json alternatives_table(const LabOptions& options) {
+  const int rows = options.mode == Mode::full ? 512 : 128;
+  const int n = kAltN;
+  constexpr auto n_methods = static_cast<int>(std::size(kMethods));
+  json table = json::array();
+  // Per d, the median gradient norm of 1/sqrt(d) at sigma = 1 (the first sigma).
+  std::vector<double> baseline_median(std::size(kAltDs));
+  for (std::size_t si = 0; si < std::size(kSigmas); ++si) {
+    const double sigma = kSigmas[si];
+    for (std::size_t di = 0; di < std::size(kAltDs); ++di) {
+      const int d = kAltDs[di];
+      // Keys (shared by the rows) and their norms; each query row draws its own q and dP.
+      std::vector<double> k(static_cast<std::size_t>(n) * d), k_norm(n);
+      for (int j = 0; j < n; ++j) {
+        Stream st(options.seed, stream_id({0xA17, si, static_cast<std::uint64_t>(d), 1,
+                                           static_cast<std::uint64_t>(j)}));
+        double s = 0;
+        for (int e = 0; e < d; ++e) {
+          const double x = sigma * st.normal();
+          k[static_cast<std::size_t>(j) * d + e] = x;
+          s += x * x;
+        }
+        k_norm[j] = std::sqrt(s);
+      }
+      std::vector<RowResult> res(static_cast<std::size_t>(rows) * n_methods);
+      parallel_for(rows, options.threads, [&](std::int64_t r) {
+        Stream st(options.seed, stream_id({0xA17, si, static_cast<std::uint64_t>(d), 0,
+                                           static_cast<std::uint64_t>(r)}));
+        std::vector<double> q(d), x(n), z(n), p(n), dp(n), ds(n);
+        double qn = 0;
+        for (double& v : q) {
+          v = sigma * st.normal();
+          qn += v * v;
+        }
+        qn = std::sqrt(qn);
+        for (double& v : dp) v = st.normal();
+        for (int j = 0; j < n; ++j) {
+          const double* kj = k.data() + static_cast<std::size_t>(j) * d;
+          double s = 0;
+          for (int e = 0; e < d; ++e) s += q[e] * kj[e];
+          x[j] = s;
+        }
+        const double rd = std::sqrt(static_cast<double>(d));
+        for (int mi = 0; mi < n_methods; ++mi) {
+          const Method m = kMethods[mi];
+          for (int j = 0; j < n; ++j) {
+            switch (m) {
+              case Method::unscaled:
+                z[j] = x[j];
+                break;
+              case Method::sqrt_d:
+                z[j] = x[j] / rd;
+                break;
+              case Method::inv_d:
+                z[j] = x[j] / d;
+                break;
+              case Method::qk_norm:
+                z[j] = rd * x[j] / (qn * k_norm[j]);
+                break;
+              case Method::softcap:
+                z[j] = kCap * std::tanh(x[j] / rd / kCap);
+                break;
+            }
+          }
+          softmax<double>(z, p);
+          softmax_backward<double>(p, dp, ds);
+          RowResult& out = res[static_cast<std::size_t>(r) * n_methods + mi];
+          double g2 = 0;
+          for (int j = 0; j < n; ++j) {
+            // softcap: back through the cap, to the logits before it.
+            const double t = m == Method::softcap ? 1.0 - (z[j] / kCap) * (z[j] / kCap) : 1.0;
+            g2 += ds[j] * t * ds[j] * t;
+            out.sum_z += z[j];
+            out.sum_z2 += z[j] * z[j];
+          }
+          out.entropy = entropy(p);
+          out.max_prob = *std::max_element(p.begin(), p.end());
+          out.grad_norm = std::sqrt(g2);
+        }
+      });
+      std::vector<double> g(rows);
+      if (si == 0) {
+        for (int r = 0; r < rows; ++r) {
+          g[r] = res[static_cast<std::size_t>(r) * n_methods + kBaseline].grad_norm;
+        }
+        baseline_median[di] = quantile(g, 0.5);
+      }
+      const double dead = 1e-3 * baseline_median[di];
+      const double ln_n = std::log(static_cast<double>(n));
+      for (int mi = 0; mi < n_methods; ++mi) {
+        std::vector<double> h(rows), mp(rows);
+        double sz = 0, sz2 = 0;
+        for (int r = 0; r < rows; ++r) {
+          const RowResult& rr = res[static_cast<std::size_t>(r) * n_methods + mi];
+          h[r] = rr.entropy;
+          mp[r] = rr.max_prob;
+          g[r] = rr.grad_norm;
+          sz += rr.sum_z;
+          sz2 += rr.sum_z2;
+        }
+        const double count = static_cast<double>(rows) * n;
+        const double zmean = sz / count;
+        const double zstd = std::sqrt(std::max(0.0, sz2 / count - zmean * zmean));
+        const double st = std_theory(kMethods[mi], sigma, d);
+        const NormStats gs = norm_stats(g, dead);
+        table.push_back({{"sigma", sigma},
+                         {"d", d},
+                         {"n_keys", n},
+                         {"rows", rows},
+                         {"method", method_name(kMethods[mi])},
+                         {"logit_std_theory", st},
+                         {"logit_std", zstd},
+                         {"entropy", mean(h)},
+                         {"entropy_theory", ln_n - st * st / 2},
+                         {"normalized_entropy", mean(h) / ln_n},
+                         {"regime", st * st < 2 * ln_n ? "liquid" : "frozen"},
+                         {"max_prob", mean(mp)},
+                         {"grad_logits_norm", num(gs.median)},
+                         {"grad_logits_dead", num(gs.dead)}});
+      }
+    }
+  }
+  return table;
+}
+
+}  // namespace sdpa::lab
