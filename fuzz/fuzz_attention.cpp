@@ -17,6 +17,10 @@
 //      probabilities' sum (S + 8 units in the last place of float32).
 //   4. For moderate inputs (no special values) every implementation agrees with the float64
 //      reference within a bound derived from float32 rounding (see differential_bound()).
+//   5. With lse requested and a finite output gradient (more entries from the bytes), the
+//      backward accepts what the forward accepted and, when every exact gradient is far inside
+//      float32's range, returns finite dq, dk and dv.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -325,6 +329,38 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (want_lse) {
     for (std::int64_t i = 0; i < lse.numel(); ++i) {
       if (std::isnan(value_at(lse, i))) fail("NaN lse at flat index " + std::to_string(i));
+    }
+  }
+  // The backward from this forward's out and lse, when every exact gradient is far inside
+  // float32's range (bounds as in src/kernels/range.cpp: |dP|, |D| <= Ev max|dO| max|v|, dQ sums
+  // S terms of scale dS k, dK and dV sum the rows of every query head of the group, with the
+  // scale or without it): then every gradient must come out finite.
+  if (want_lse && out.numel() > 0) {
+    Filled g = fill(in, dtype, os, false);
+    const std::int64_t group = rank >= 3 && ks[rank - 3] > 0 ? qs[rank - 3] / ks[rank - 3] : 1;
+    const double sc = std::max(std::fabs(scale), 1.0), rows = double(L) * double(group);
+    const double ds = 2.0 * double(vs.back()) * g.max_abs * max_v;
+    const bool small = g.allocated && g.finite && sc * double(S) * ds * max_k < 1e30 &&
+                       sc * rows * ds * max_q < 1e30 && rows * g.max_abs < 1e30 && ds < 1e30;
+    if (small) {
+      sdpa::Array dq(dtype, qs), dk(dtype, ks), dv(dtype, vs);
+      try {
+        sdpa::attention_backward(qr, kr, vr, has_mask ? &mr : nullptr, out, lse, g.array, options,
+                                 dq.mut(), dk.mut(), dv.mut());
+      } catch (const sdpa::Error& e) {
+        fail(std::string("backward refused what forward accepted: ") + e.what());
+      }
+      for (const auto* a : {&dq, &dk, &dv}) {
+        for (std::int64_t i = 0; i < a->numel(); ++i) {
+          if (!std::isfinite(value_at(*a, i))) {
+            fail(std::string("non-finite ") +
+                 (a == &dq   ? "dq"
+                  : a == &dk ? "dk"
+                             : "dv") +
+                 " at flat index " + std::to_string(i));
+          }
+        }
+      }
     }
   }
   // Differential check against the reference for moderate inputs.
