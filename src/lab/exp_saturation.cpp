@@ -231,10 +231,13 @@ json run_saturation(const LabOptions& options) {
   result["tables"]["freezing"] = freezing;
   result["tables"]["score_histogram"] = hist;
   result["tables"]["alternatives"] = alternatives_table(options);
-  // What the alternatives say when q and k have grown 4x, at the largest d.
+  // What the alternatives say when q and k have grown 4x, at the table's largest d.
+  const json& alternatives = result["tables"]["alternatives"];
+  int alt_d = 0;
+  for (const auto& row : alternatives) alt_d = std::max(alt_d, row["d"].get<int>());
   std::string alt_text;
-  for (const auto& row : result["tables"]["alternatives"]) {
-    if (row["sigma"] != 4.0 || row["d"] != kDs[std::size(kDs) - 1] || row["method"] == "1") {
+  for (const auto& row : alternatives) {
+    if (row["sigma"] != 4.0 || row["d"] != alt_d || row["method"] == "1") {
       continue;
     }
     alt_text += fmt::format("{}{} std {:.3g}, max prob {:.2f}", alt_text.empty() ? "" : "; ",
@@ -257,9 +260,11 @@ json run_saturation(const LabOptions& options) {
       "Entropy of N Gaussian logits against ln N - s^2/2 (parted: off by more than 10% of "
       "ln N): " +
           freeze_text +
-          ". The mean gradient misleads: unscaled, most rows die while near-tied rows explode. "
-          "1/sqrt(d) assumes unit-variance q and k; with both grown 4x (d = 1024, N = 1024, "
-          "table alternatives): " +
+          ". The mean gradient misleads: unscaled, most rows die while near-tied rows "
+          "explode. " +
+          fmt::format("1/sqrt(d) assumes unit-variance q and k; with both grown 4x (d = {}, "
+                      "N = 1024, table alternatives): ",
+                      alt_d) +
           alt_text + ". Only QK-norm keeps the logits at std 1 whatever their size."));
   return result;
 }

@@ -9,18 +9,15 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import check, finish  # noqa: E402
+
 SDPA = os.environ.get("SDPA", "sdpa")
-failures = []
 
 
 def run(*args):
     return subprocess.run([SDPA, *args], capture_output=True, text=True)
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def softmax_ref(s):
@@ -98,7 +95,4 @@ for args in (["--help"], ["attention", "--help"], ["softmax", "--help"], ["--ver
     r = run(*args)
     check(r.returncode == 0 and r.stdout, f"{args} prints and exits 0")
 
-if failures:
-    print(f"{len(failures)} failure(s)", file=sys.stderr)
-    sys.exit(1)
-print("all CLI checks passed")
+finish("CLI")

@@ -6,18 +6,15 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import check, finish  # noqa: E402
+
 SDPA = os.environ["SDPA"]
-failures = []
 
 
 def run(*args):
     return subprocess.run([SDPA, "bench", *args], capture_output=True, text=True)
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 tiny = ["--heads", "2", "--kv-heads", "1", "--seq", "70", "--kv-seq", "90", "--dim", "16",
@@ -45,4 +42,4 @@ for bad, option in ((["--dim", "0"], "--dim"), (["--kv-heads", "3"], "--kv-heads
     r = run(*bad)
     check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
 
-sys.exit(1 if failures else 0)
+finish("bench CLI")

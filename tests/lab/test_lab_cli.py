@@ -8,18 +8,15 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import check, finish  # noqa: E402
+
 SDPA = os.environ.get("SDPA", "sdpa")
-failures = []
 
 
 def run(*args):
     return subprocess.run([SDPA, "lab", *args], capture_output=True, text=True)
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 r = run("list")
@@ -82,7 +79,4 @@ for name in names:
     check(r.returncode == 0 and "--seed" in r.stdout and "--full" in r.stdout,
           f"lab {name} --help")
 
-if failures:
-    print(f"{len(failures)} failure(s)", file=sys.stderr)
-    sys.exit(1)
-print("lab CLI: all checks passed")
+finish("lab CLI")

@@ -30,17 +30,13 @@ import sys
 import tempfile
 import zlib
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import check, finish  # noqa: E402
+
 SDPA = os.environ.get("SDPA", "sdpa")
 FIXTURES = os.environ["FIXTURES"]
 CLAIMS = [f"C{i}" for i in range(1, 9)]
-failures = []
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
-    return cond
 
 
 def run(*args, env=None):
@@ -519,7 +515,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode != 0 and "gnuplot-nox" in r.stderr and not os.path.exists(fresh),
           f"without gnuplot: exit {r.returncode}: {r.stderr!r}")
 
-if failures:
-    print(f"{len(failures)} failure(s)", file=sys.stderr)
-    sys.exit(1)
-print("report page: all checks passed")
+finish("report page")
