@@ -27,7 +27,12 @@
 // Causal tiles above the diagonal of the tile's last row are never visited, in both alignments.
 // Items are scheduled dynamically (causal items differ in cost).
 //
-// Backward. Recompute P = exp(S - lse) from the saved lse; D = rowsum(dO * O) once per row.
+// Backward. Recompute P = exp(S - lse) from the saved lse; D = rowsum(dO * O) once per row,
+// with the arithmetic of one element of the dP product (SequentialDot). A row whose lse cannot
+// normalise P (|lse| > 64 in float32, or NaN, or +inf: see kLseResolvable) first has its running
+// max and sum recomputed exactly as the forward computes them (RenormaliseQueryTile, one extra
+// product for its query tile only) and takes P = exp(S - m) / l. A row that sees no key
+// (lse = -inf) is zeroed in the packed copies of scale * Q and dO.
 //   pass A, work item = (batch, kv head, key tile j), owns dK_j and dV_j: for every query head
 //     of the group and every query tile i that can see j:
 //     dV_j += P^T dO_i,  dP = dO_i V_j^T,  dS = P * (dP - D),  dK_j += dS^T (scale Q_i)
@@ -159,6 +164,37 @@ struct RegionError {
   }
 };
 
+// ---- the online softmax of one row -----------------------------------------------------------
+
+// One row's step of the online softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 8-10)
+// over one key tile: srow[0..kKeyTile) holds the masked scores S_j and becomes
+// P_j = exp(S_j - m_new); m and l are the row's running max and sum:
+//   m_new = max(m, rowmax(S_j))     l = exp(m - m_new) * l + rowsum(P_j)
+// Returns the factor exp(m - m_new) by which the row's accumulator must be multiplied, or 1 when
+// it needs none (the max did not move, or nothing was visible before, so the accumulator is 0).
+// m starts at -inf; while nothing is visible m stays -inf and P_j is 0 (exp(-inf - -inf) would
+// be NaN). A NaN score makes the row NaN (std::max would drop it); NaN then survives every later
+// tile because exp(m - m_new) and the rescaled sums stay NaN.
+template <typename T>
+HWY_INLINE T OnlineSoftmaxRow(T* HWY_RESTRICT srow, T& m, T& l) {
+  const T m_old = m;
+  const T tile_max = RowMax(srow, kKeyTile);
+  const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
+  if (m_new == kNegInf<T>) {
+    std::fill_n(srow, kKeyTile, T(0));
+    return T(1);
+  }
+  const T row_sum = ExpShiftSum(srow, kKeyTile, m_new);
+  if (m_new == m_old) {
+    l += row_sum;
+    return T(1);
+  }
+  const T alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+  l = l * alpha + row_sum;
+  m = m_new;
+  return m_old == kNegInf<T> ? T(1) : alpha;
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 template <typename T>
@@ -192,14 +228,9 @@ struct ForwardScratch {
 };
 
 // One query tile (rows l0 .. l0 + rows of every query head that reads key/value head hkv)
-// against all the key tiles it can see. The online softmax of FlashAttention-2 (Dao 2023,
-// "FlashAttention-2", Algorithm 1, lines 8-10), per row r and key tile j:
-//   m_new   = max(m, rowmax(S_j))                       S_j = (scale * Q) K_j^T + mask
-//   P_j     = exp(S_j - m_new)
-//   l       = exp(m - m_new) * l + rowsum(P_j)
-//   acc     = exp(m - m_new) * acc + P_j V_j
-// and at the end out = acc / l, lse = m + log(l). m starts at -inf; a row that has seen no
-// visible key yet keeps m = -inf and its P row is zero (exp(-inf - -inf) would be NaN).
+// against all the key tiles it can see: per row r and key tile j, S_j = (scale * Q) K_j^T + mask,
+// then OnlineSoftmaxRow, then acc = exp(m - m_new) * acc + P_j V_j; at the end out = acc / l
+// and lse = m + log(l).
 template <typename T>
 void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const ForwardScratch<T>& w,
                       int64_t b, int64_t hkv, int64_t i, T* out, T* lse) {
@@ -241,24 +272,8 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
       for (int64_t r = 0; r < rows; ++r) {
         T* srow = w.s + r * kKeyTile;
         if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
-        const T m_old = rmax[r];
-        const T tile_max = RowMax(srow, kKeyTile);
-        // A NaN score makes the row NaN (std::max would drop it); NaN then survives every
-        // later tile because exp(m_old - m_new) and the rescaled sums stay NaN.
-        const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
-        if (m_new == kNegInf<T>) {  // nothing visible so far: P row = 0
-          std::fill_n(srow, kKeyTile, T(0));
-          continue;
-        }
-        const T row_sum = ExpShiftSum(srow, kKeyTile, m_new);
-        if (m_new != m_old) {
-          const T alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
-          if (m_old != kNegInf<T>) ScaleRow(acc + r * ldv, ldv, alpha);
-          rsum[r] = rsum[r] * alpha + row_sum;
-          rmax[r] = m_new;
-        } else {
-          rsum[r] += row_sum;
-        }
+        const T alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
+        if (alpha != T(1)) ScaleRow(acc + r * ldv, ldv, alpha);
       }
       // pass 3: acc += P V
       if (v_unsafe) {
@@ -340,6 +355,34 @@ void ForwardT(const Problem& p, T* out, T* lse) {
 
 // ---- backward --------------------------------------------------------------------------------
 
+// |lse| up to which P = exp(S - lse) is normalised well enough by the given lse. lse is rounded
+// to T, which multiplies every P of its row by up to exp(ulp(lse) / 2): below 2^6 in float32
+// (2^35 in float64) that is at most 2^-19, 16 epsilons. A row past it (a mask that shifts every
+// score by -1e9 or finfo.min leaves lse = -1e9 with log(sum) rounded away, so that exp(S - lse)
+// sums to up to S instead of 1), or one whose lse is +inf or NaN, has its running max m and sum
+// l recomputed from the inputs exactly as the forward computes them, and takes
+// P = exp(S - m) / l: the forward's own probabilities.
+template <typename T>
+constexpr T kLseResolvable = T(std::uint64_t{1} << (std::numeric_limits<T>::digits - 18));
+
+template <typename T>
+bool LseNormalises(T lse) {
+  return std::abs(lse) <= kLseResolvable<T>;  // false for NaN
+}
+
+/// sum_e a[e] * b[e] as one multiply-add per term in the order e = 0, 1, ...: the arithmetic of
+/// one element of Gemm's product. D = rowsum(dO * O) computed this way equals dP_s = dO . v_s
+/// bit for bit when out is exactly v_s (a one-hot row, as huge scales give), so that
+/// dS = P * (dP - D) is exactly 0 there, as the maths says, instead of a rounding error that
+/// the scale then multiplies into dQ and dK.
+template <typename T>
+HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, int64_t n) {
+  const hn::CappedTag<T, 1> d1;
+  auto acc = hn::Zero(d1);
+  for (int64_t e = 0; e < n; ++e) acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, b[e]), acc);
+  return hn::GetLane(acc);
+}
+
 template <typename T>
 struct BackwardShared {
   const T* kt;    // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
@@ -348,7 +391,11 @@ struct BackwardShared {
   const T* qs;    // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
   const T* dout;  // [B*Hq][L][ldo]: grad_out rows, padded
   const T* D;     // [B*Hq][L]: rowsum(dO * O)
-  const T* lse;   // [B*Hq][L]
+  // [B*Hq][L]: P = exp(S - shift) * inv_sum; shift = lse and inv_sum = 1, or for a row whose
+  // lse does not normalise P (LseNormalises), the recomputed running max m and 1 / l;
+  // shift = -inf for a row that sees no key.
+  const T* shift;
+  const T* inv_sum;
   const uint8_t* k_unsafe;  // [B*Hkv][nkt]: the key tile holds inf or NaN
   int64_t ldk, ldq, ldo, nkt, nqt;
 };
@@ -361,20 +408,25 @@ struct BackwardScratch {
   T* dv_acc;  // [kKeyTile][ldo]
   T* dq_acc;  // [kQueryTile][ldq]
 
-  static size_t Carve(Carver& c, int64_t ldq, int64_t ldo, BackwardScratch* out) {
+  T* dq_head;  // [group][L][ldq]: dQ of one kv head's query heads (one-pass plan, one chunk)
+
+  static size_t Carve(Carver& c, int64_t ldq, int64_t ldo, int64_t dq_head_rows,
+                      BackwardScratch* out) {
     BackwardScratch w;
     w.p = c.take<T>(kQueryTile * kKeyTile);
     w.ds = c.take<T>(kQueryTile * kKeyTile);
     w.dk_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldq));
     w.dv_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldo));
     w.dq_acc = c.take<T>(static_cast<size_t>(kQueryTile * ldq));
+    w.dq_head = c.take<T>(static_cast<size_t>(dq_head_rows * ldq));
     if (out != nullptr) *out = w;
     return c.used();
   }
 };
 
 // P and dS of one (query tile, key tile) pair, recomputed from the saved log-sum-exp:
-//   P  = exp(S - lse)                 (exactly 0 for masked keys and fully masked rows)
+//   P  = exp(S - lse)                 (exactly 0 for masked keys and fully masked rows;
+//                                      exp(S - m) / l for rows that are renormalised)
 //   dP = dO V^T
 //   dS = P * (dP - D),  D = rowsum(dO * O)     (the forward's out = P V differentiated)
 template <typename T>
@@ -390,18 +442,66 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
               kKeyTile, w.p, kKeyTile);
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
-    const T row_lse = sh.lse[row0 + r];
-    if (row_lse == kNegInf<T>) {  // fully masked row: no gradient flows through it
+    const T shift = sh.shift[row0 + r];
+    if (shift == kNegInf<T>) {  // fully masked row: no gradient flows through it
       std::fill_n(prow, kKeyTile, T(0));
       continue;
     }
     if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, prow);
-    ExpShift(prow, kKeyTile, row_lse);
+    if (std::isnan(shift)) {  // a NaN row: NaN at every visible key, as the forward's out
+      for (int64_t c = 0; c < kKeyTile; ++c) {
+        prow[c] = prow[c] == kNegInf<T> ? T(0) : std::numeric_limits<T>::quiet_NaN();
+      }
+      continue;
+    }
+    ExpShift(prow, kKeyTile, shift);
+    const T inv = sh.inv_sum[row0 + r];
+    if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
   Gemm<false>(rows, kKeyTile, p.Ev, sh.dout + row0 * sh.ldo, sh.ldo, 1,
               sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
   for (int64_t r = 0; r < rows; ++r) {
     SoftmaxGradRow(w.p + r * kKeyTile, w.ds + r * kKeyTile, kKeyTile, sh.D[row0 + r]);
+  }
+}
+
+// The running max m and sum l of each row of one query tile, recomputed over the key tiles the
+// tile sees with the forward's own arithmetic (the same products, masking and OnlineSoftmaxRow,
+// in the same order, so the forward's m and l bit for bit), for the rows whose lse does not
+// normalise P; see kLseResolvable.
+template <typename T>
+void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
+                          const BackwardScratch<T>& w, const T* lse, int64_t b, int64_t h,
+                          int64_t i, T* qs, T* shift, T* inv_sum) {
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t bh = b * p.Hkv + h / p.group, row0 = (b * p.Hq + h) * p.L + l0;
+  const int64_t last_key = std::min(p.S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  T m[kQueryTile], l[kQueryTile];
+  std::fill_n(m, rows, kNegInf<T>);
+  std::fill_n(l, rows, T(0));
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
+    const bool masked = p.mask.present || kc < kKeyTile ||
+                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* srow = w.p + r * kKeyTile;
+      if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
+      OnlineSoftmaxRow(srow, m[r], l[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const T row_lse = lse[row0 + r];
+    if (row_lse == kNegInf<T> || LseNormalises(row_lse)) continue;
+    if (l[r] == T(0)) {  // sees no key after all: no gradient, and q must not leak into dK
+      shift[row0 + r] = kNegInf<T>;
+      std::fill_n(qs + (row0 + r) * sh.ldq, sh.ldq, T(0));
+      continue;
+    }
+    shift[row0 + r] = m[r];
+    inv_sum[row0 + r] = T(1) / l[r];
   }
 }
 
@@ -460,30 +560,134 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
   }
 }
 
+// The one-pass backward of one work item: key tiles [j0, j1) of key/value head hkv of batch b,
+// against every query tile of every query head of its group that can see them. For each key
+// tile, in order, and each (query head, query tile) pair that sees it:
+//   S, P, dP, dS (ProbabilitiesAndGrad)
+//   dV_j += P^T dO_i        dK_j += dS^T (scale * Q_i)        dQ_i += dS K_j
+// five products per pair, each once. dK_j and dV_j are complete when the tile is done (the item
+// owns them); dQ accumulates in dq_acc ([G][L][ldq], owned by the item, zeroed here): the item's
+// whole contribution to dQ, summed over its key tiles in order.
+template <typename T>
+void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
+                      int64_t bh, int64_t j0, int64_t j1, T* dq_acc, T* dk, T* dv) {
+  const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group, L = p.L;
+  const int64_t ldq = sh.ldq, ldo = sh.ldo;
+  std::fill_n(dq_acc, G * L * ldq, T(0));
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
+    std::fill_n(w.dk_acc, kc * ldq, T(0));
+    std::fill_n(w.dv_acc, kc * ldo, T(0));
+    const int64_t first_row = flash::first_query_seeing(p, s0);
+    const T* k = sh.k + (bh * p.S + s0) * sh.ldk;
+    const bool k_unsafe = sh.k_unsafe[bh * sh.nkt + j] != 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hkv * G + g;
+      for (int64_t i = first_row / kQueryTile; i < sh.nqt && first_row < L; ++i) {
+        const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
+        const int64_t row0 = (b * p.Hq + h) * L + l0;
+        ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+        Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout + row0 * ldo, ldo, w.dv_acc, ldo);
+        Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
+        T* dq_rows = dq_acc + (g * L + l0) * ldq;
+        if (k_unsafe) {
+          GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, dq_rows, ldq);
+        } else {
+          Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, dq_rows, ldq);
+        }
+      }
+    }
+    for (int64_t c = 0; c < kc; ++c) {
+      std::copy_n(w.dk_acc + c * ldq, p.E, dk + (bh * p.S + s0 + c) * p.E);
+      std::copy_n(w.dv_acc + c * ldo, p.Ev, dv + (bh * p.S + s0 + c) * p.Ev);
+    }
+  }
+}
+
+// How the backward divides its work: a function of the shape alone, never of the thread count,
+// so that every thread count gives the same bits.
+//   chunks == 1: one work item per (batch, kv head) runs all five products of its head in order
+//     (BackwardKeyChunk), accumulating dQ in its own scratch; PyTorch's CPU flash backward
+//     parallelises over B * H the same way.
+//   chunks > 1: too few (batch, kv head) pairs to keep kBackwardItems threads busy, so each
+//     one's key tiles are split into `chunks` contiguous chunks; each item accumulates its
+//     partial dQ in a buffer of its own, and the partials are summed in chunk order afterwards.
+//   chunks == 0: the partials would not fit kPartialBudget (long single sequences): two passes,
+//     one owning dK and dV by key tile, one owning dQ by query tile, which compute S and dP
+//     twice (7 products instead of 5) in linear memory.
+#ifndef SDPA_BACKWARD_ITEMS
+#define SDPA_BACKWARD_ITEMS 8
+#endif
+inline constexpr int64_t kBackwardItems = SDPA_BACKWARD_ITEMS;
+inline constexpr int64_t kPartialBudget = int64_t{64} << 20;  // bytes
+
+struct BackwardPlan {
+  int64_t chunks = 1, tiles_per_chunk = 1;
+};
+
+inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes) {
+  BackwardPlan plan;
+  plan.tiles_per_chunk = nkt;
+  const int forced = flash::backward_chunks_for_test.load(std::memory_order_relaxed);
+  if (forced == 0) plan.chunks = 0;
+  if (forced >= 0 || BH >= kBackwardItems || nkt <= 1) {
+    if (forced > 1 && nkt > 1) {
+      plan.tiles_per_chunk = ceil_div(nkt, std::min<int64_t>(forced, nkt));
+      plan.chunks = ceil_div(nkt, plan.tiles_per_chunk);
+    }
+    return plan;
+  }
+  int64_t chunks = std::min(ceil_div(kBackwardItems, BH), nkt);
+  chunks = std::min(chunks, kPartialBudget / std::max<int64_t>(partial_bytes, 1));
+  if (chunks < 2) {
+    plan.chunks = 0;
+    return plan;
+  }
+  plan.tiles_per_chunk = ceil_div(nkt, chunks);
+  plan.chunks = ceil_div(nkt, plan.tiles_per_chunk);
+  return plan;
+}
+
 template <typename T>
 void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(L, kQueryTile);
   const int64_t ldq = round_up(E, kPad<T>), ldo = round_up(Ev, kPad<T>);
-  const bool k_in_place = ldq == E, dout_in_place = ldo == Ev;
+  // A row that sees no key (lse = -inf) contributes nothing, but 0 * NaN would carry a NaN or
+  // inf in its dO into dV: such rows are zeroed in a packed copy of dO (q is always copied).
+  bool dout_dirty = false;
+  for (int64_t row = 0; row < BHq * L && !dout_dirty; ++row) {
+    dout_dirty = lse[row] == kNegInf<T> && !AllFinite(dout + row * Ev, Ev);
+  }
+  const bool k_in_place = ldq == E, dout_in_place = ldo == Ev && !dout_dirty;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
 
+  const BackwardPlan plan =
+      PlanBackward(BH, nkt, static_cast<int64_t>(n(BHq * L * ldq) * sizeof(T)));
+  const size_t partial_size = plan.chunks > 1 ? n(plan.chunks * BHq * L * ldq) : 0;
+
   Carver measure;
+  measure.take<T>(partial_size);
   measure.take<T>(n(BH * nkt * E * kKeyTile));
   measure.take<T>(n(BH * nkt * Ev * kKeyTile));
   if (!k_in_place) measure.take<T>(n(BH * S * ldq));
   measure.take<T>(n(BHq * L * ldq));
   if (!dout_in_place) measure.take<T>(n(BHq * L * ldo));
-  measure.take<T>(n(BHq * L));
+  measure.take<T>(n(3 * BHq * L));
   measure.take<uint8_t>(n(BH * nkt));
+  measure.take<uint8_t>(n(BHq * nqt));
   Carver carve(call_shared().reserve(measure.used()));
+  T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
   T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
   T* vt = carve.take<T>(n(BH * nkt * Ev * kKeyTile));
   T* kp = k_in_place ? nullptr : carve.take<T>(n(BH * S * ldq));
   T* qs = carve.take<T>(n(BHq * L * ldq));
   T* dop = dout_in_place ? nullptr : carve.take<T>(n(BHq * L * ldo));
   T* D = carve.take<T>(n(BHq * L));
+  T* shift = carve.take<T>(n(BHq * L));
+  T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
+  uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
   const T* key = static_cast<const T*>(p.key);
   const T* value = static_cast<const T*>(p.value);
   const T* query = static_cast<const T*>(p.query);
@@ -493,7 +697,8 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
                              .qs = qs,
                              .dout = dout_in_place ? dout : dop,
                              .D = D,
-                             .lse = lse,
+                             .shift = shift,
+                             .inv_sum = inv_sum,
                              .k_unsafe = k_unsafe,
                              .ldk = ldq,  // E rounded up to 64 bytes, like the padded Q rows
                              .ldq = ldq,
@@ -502,7 +707,8 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
                              .nqt = nqt};
 
   Carver scratch_measure;
-  const size_t scratch_bytes = BackwardScratch<T>::Carve(scratch_measure, ldq, ldo, nullptr);
+  const size_t scratch_bytes = BackwardScratch<T>::Carve(
+      scratch_measure, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, nullptr);
   const T scale = static_cast<T>(p.scale);
   RegionError err;
 #pragma omp parallel num_threads(p.threads)
@@ -516,31 +722,80 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
       if (!k_in_place) CopyRowsPadded(ksrc, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
       k_unsafe[t] = AllFinite(ksrc, kc * E) ? 0 : 1;
     }
+    // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
 #pragma omp for schedule(static)
-    for (int64_t row = 0; row < BHq * L; ++row) {
-      CopyRowsPadded(query + row * E, 1, E, scale, ldq, qs + row * ldq);
-      if (!dout_in_place) CopyRowsPadded(dout + row * Ev, 1, Ev, T(1), ldo, dop + row * ldo);
-      // D = rowsum(dO * O), accumulated in double: O(L * Ev) work, negligible.
-      double sum = 0.0;
-      for (int64_t e = 0; e < Ev; ++e)
-        sum += double(dout[row * Ev + e]) * double(out[row * Ev + e]);
-      D[row] = static_cast<T>(sum);
+    for (int64_t t = 0; t < BHq * nqt; ++t) {
+      const int64_t l0 = (t % nqt) * kQueryTile, rows = std::min(kQueryTile, L - l0);
+      bool any = false;
+      for (int64_t row = (t / nqt) * L + l0; row < (t / nqt) * L + l0 + rows; ++row) {
+        inv_sum[row] = T(1);
+        if (lse[row] == kNegInf<T>) {
+          std::fill_n(qs + row * ldq, ldq, T(0));
+          if (!dout_in_place) std::fill_n(dop + row * ldo, ldo, T(0));
+          D[row] = T(0);
+          shift[row] = kNegInf<T>;
+          continue;
+        }
+        CopyRowsPadded(query + row * E, 1, E, scale, ldq, qs + row * ldq);
+        if (!dout_in_place) CopyRowsPadded(dout + row * Ev, 1, Ev, T(1), ldo, dop + row * ldo);
+        D[row] = SequentialDot(dout + row * Ev, out + row * Ev, Ev);
+        shift[row] = lse[row];
+        any = any || !LseNormalises(lse[row]);
+      }
+      renormalise[t] = any ? 1 : 0;
     }
     void* mem = err.reserve(scratch_bytes);
     BackwardScratch<T> w{};
     if (mem != nullptr) {
       Carver c(mem);
-      BackwardScratch<T>::Carve(c, ldq, ldo, &w);
-    }
-    // pass A: dK, dV by key tile; pass B: dQ by query tile. Independent, so no barrier between.
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t t = 0; t < BH * nkt; ++t) {
-      if (mem != nullptr) BackwardKeyTile(p, sh, w, t / nkt, t % nkt, dk, dv);
+      BackwardScratch<T>::Carve(c, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, &w);
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BHq * nqt; ++item) {
-      const int64_t bh = item / nqt;
-      if (mem != nullptr) BackwardQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, item % nqt, dq);
+    for (int64_t t = 0; t < BHq * nqt; ++t) {
+      const int64_t bh = t / nqt;
+      if (mem != nullptr && renormalise[t] != 0) {
+        RenormaliseQueryTile(p, sh, w, lse, bh / p.Hq, bh % p.Hq, t % nqt, qs, shift, inv_sum);
+      }
+    }
+    if (plan.chunks == 0) {
+      // pass A: dK, dV by key tile; pass B: dQ by query tile. Independent: no barrier between.
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t t = 0; t < BH * nkt; ++t) {
+        if (mem != nullptr) BackwardKeyTile(p, sh, w, t / nkt, t % nkt, dk, dv);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < BHq * nqt; ++item) {
+        const int64_t bh = item / nqt;
+        if (mem != nullptr) BackwardQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, item % nqt, dq);
+      }
+    } else {
+      const int64_t C = plan.chunks, G = p.group;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < BH * C; ++item) {
+        if (mem == nullptr) continue;
+        const int64_t bh = item / C, c = item % C;
+        const int64_t j0 = c * plan.tiles_per_chunk;
+        const int64_t j1 = std::min(nkt, j0 + plan.tiles_per_chunk);
+        const int64_t first_row = bh * G * L;  // (b * Hq + hkv * G) * L
+        T* acc = C == 1 ? w.dq_head : partial + (c * BHq * L + first_row) * ldq;
+        BackwardKeyChunk(p, sh, w, bh, j0, j1, acc, dk, dv);
+        if (C == 1) {
+          for (int64_t r = 0; r < G * L; ++r) {
+            for (int64_t e = 0; e < E; ++e) dq[(first_row + r) * E + e] = scale * acc[r * ldq + e];
+          }
+        }
+      }
+      if (C > 1) {
+        // dQ = scale * (((partial_0 + partial_1) + partial_2) + ...), in chunk order.
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < BHq * L; ++row) {
+          for (int64_t e = 0; e < E; ++e) {
+            T sum = partial[row * ldq + e];
+            for (int64_t c = 1; c < C; ++c) sum += partial[(c * BHq * L + row) * ldq + e];
+            dq[row * E + e] = scale * sum;
+          }
+        }
+      }
     }
   }
   if (err.failed) throw std::bad_alloc();
@@ -605,6 +860,8 @@ void fast_backward(const Problem& p, const void* out, const void* lse, const voi
 }
 
 const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKernel)(); }
+
+void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test = chunks; }
 
 void fast_exp_for_test(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -21,6 +22,11 @@ namespace sdpa::detail::flash {
 #endif
 inline constexpr std::int64_t kQueryTile = SDPA_QUERY_TILE;  // Br: query rows per tile
 inline constexpr std::int64_t kKeyTile = SDPA_KEY_TILE;      // Bc: keys per tile (multiple of 16)
+
+/// Tests pin the backward's plan with set_backward_chunks_for_test (kernels.h): -1 chooses by
+/// the shape (the only setting outside tests), 0 forces the two-pass plan, k >= 1 forces k key
+/// chunks per (batch, kv head) (at most one per key tile).
+inline std::atomic<int> backward_chunks_for_test{-1};
 
 /// Rows are padded to 64 bytes so that every SIMD target's vectors (at most 64 bytes) tile them.
 template <class T>
@@ -42,10 +48,37 @@ inline std::int64_t first_query_seeing(const Problem& p, std::int64_t s) {
   return 0;
 }
 
+/// row[c] += mk[c * stride] for c < n, with the rules for -inf, +inf and values below T's
+/// range that mask_row states. The sum is formed in double and rounded once.
+template <class T, class M>
+void add_additive_mask(const M* mk, std::int64_t stride, std::int64_t n, T* row) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  constexpr double kLowest = std::numeric_limits<T>::lowest();
+  for (std::int64_t c = 0; c < n; ++c) {
+    const double v = mk[c * stride];
+    if (v == -kInf) {
+      row[c] = -std::numeric_limits<T>::infinity();
+    } else if (v == kInf) {
+      row[c] = std::numeric_limits<T>::quiet_NaN();
+    } else {
+      const double x = double(row[c]) + v;
+      row[c] = x < kLowest && x != -kInf ? T(kLowest) : T(x);
+    }
+  }
+}
+
 /// Applies the causal rule, the key-tile tail and the user's mask to one row of scaled scores
 /// row[0..width) for query l and keys s0 + c: an invisible key gets -inf (overwriting whatever
 /// q.k gave, so a NaN stored in a masked-out key never survives); a visible key gets the
 /// additive mask added. Columns c >= kc (past the end of the keys) are invisible.
+/// Two mask values need care, so that the result is the reference's:
+///   - +inf makes the score NaN, as the softmax of a row holding +inf is (inf - inf), whatever
+///     the score's own value; adding it would make the row look fully masked to the online
+///     softmax (its exp(x - inf) sums to 0).
+///   - a finite value whose sum with the score falls below T's lowest (a float64 -1e300 on
+///     float32 scores, or finfo.min added to a negative score) stays finite: the key is
+///     visible, with the lowest score T can hold, instead of rounding to -inf, which would mask
+///     it.
 template <class T>
 void mask_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t s0,
               std::int64_t kc, std::int64_t width, T* row) {
@@ -63,22 +96,12 @@ void mask_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t l, 
       }
       break;
     }
-    case DType::float32: {
-      const float* mk = static_cast<const float*>(m.data) + base;
-      for (std::int64_t c = 0; c < visible; ++c) {
-        const float v = mk[c * st];
-        row[c] = v == -std::numeric_limits<float>::infinity() ? kNegInf : row[c] + T(v);
-      }
+    case DType::float32:
+      add_additive_mask(static_cast<const float*>(m.data) + base, st, visible, row);
       break;
-    }
-    case DType::float64: {
-      const double* mk = static_cast<const double*>(m.data) + base;
-      for (std::int64_t c = 0; c < visible; ++c) {
-        const double v = mk[c * st];
-        row[c] = v == -std::numeric_limits<double>::infinity() ? kNegInf : T(row[c] + v);
-      }
+    case DType::float64:
+      add_additive_mask(static_cast<const double*>(m.data) + base, st, visible, row);
       break;
-    }
   }
 }
 

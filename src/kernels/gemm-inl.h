@@ -196,7 +196,8 @@ HWY_INLINE void ScaleRow(T* HWY_RESTRICT x, std::size_t n, T factor) {
 }
 
 /// ds[i] = p[i] * (dp[i] - D), and exactly 0 where p[i] == 0 (a masked key: its dP may be NaN
-/// when the value row holds NaN; 0 * NaN must not happen).
+/// when the value row holds NaN; 0 * NaN must not happen). A NaN p[i] gives NaN (the zero test
+/// is Eq, which is false for NaN; Ne is an ordered compare on x86, false for NaN too).
 template <typename T>
 HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp_to_ds, std::size_t n,
                                T D) {
@@ -207,7 +208,7 @@ HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp_to_ds
   for (std::size_t i = 0; i < n; i += lanes) {
     const auto pv = hn::LoadU(d, p + i);
     const auto ds = hn::Mul(pv, hn::Sub(hn::LoadU(d, dp_to_ds + i), vD));
-    hn::StoreU(hn::IfThenElseZero(hn::Ne(pv, zero), ds), d, dp_to_ds + i);
+    hn::StoreU(hn::IfThenZeroElse(hn::Eq(pv, zero), ds), d, dp_to_ds + i);
   }
 }
 

@@ -11,14 +11,17 @@
 // Memory: 2 * L * S elements (reused between calls). Threads: OpenBLAS's own for the products,
 // OpenMP for the softmax rows. Masked keys get probability exactly 0; unlike the fused kernel,
 // a NaN or inf stored at a masked-out key or value position can still leak through 0 * NaN in
-// the BLAS products, so this path does not give that guarantee. float32 calls whose intermediates
-// might pass float32's range never come here (core/attention.cpp sends them to the reference).
+// the BLAS products, so this path does not give that guarantee. A query row that sees no key is
+// the exception: its q and dO are zeroed before the backward's products (zero_rows_without_keys).
+// float32 calls whose intermediates might pass float32's range never come here (core/attention.cpp
+// sends them to the reference).
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "kernels/flash_common.h"
 #include "kernels/kernels.h"
@@ -54,7 +57,16 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
     T* row = P + l * S;
     flash::mask_row(p, b, h, l, 0, S, S, row);
     T mx = kNegInf;
-    for (int64_t s = 0; s < S; ++s) mx = std::max(mx, row[s]);
+    bool any_nan = false;
+    for (int64_t s = 0; s < S; ++s) {
+      mx = std::max(mx, row[s]);
+      any_nan = any_nan || std::isnan(row[s]);
+    }
+    if (any_nan) {  // std::max drops NaN; the row must not pass for one without visible keys
+      std::fill_n(row, S, std::numeric_limits<T>::quiet_NaN());
+      if (lse_out != nullptr) lse_out[l] = std::numeric_limits<T>::quiet_NaN();
+      continue;
+    }
     if (mx == kNegInf) {
       std::fill_n(row, S, T(0));
       if (lse_out != nullptr) lse_out[l] = kNegInf;
@@ -108,6 +120,39 @@ void forward(const Problem& p, T* out, T* lse) {
 }
 
 template <class T>
+bool all_finite(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+// A row that sees no key has P = 0 and must contribute nothing, but 0 * NaN in the products
+// would still carry a NaN or inf stored in its q or dO into dK and dV. When one head has such a
+// row, its q and dO are read from copies in which those rows are zero.
+template <class T>
+void zero_rows_without_keys(const T* P, int64_t L, int64_t S, int64_t E, int64_t Ev, const T*& q,
+                            const T*& g, std::vector<T>& q_copy, std::vector<T>& g_copy) {
+  std::vector<int64_t> dirty;
+  for (int64_t l = 0; l < L; ++l) {
+    const T* pr = P + l * S;
+    if (std::all_of(pr, pr + S, [](T x) { return x == T(0); }) &&
+        (!all_finite(q + l * E, E) || !all_finite(g + l * Ev, Ev))) {
+      dirty.push_back(l);
+    }
+  }
+  if (dirty.empty()) return;
+  q_copy.assign(q, q + L * E);
+  g_copy.assign(g, g + L * Ev);
+  for (const int64_t l : dirty) {
+    std::fill_n(q_copy.begin() + l * E, E, T(0));
+    std::fill_n(g_copy.begin() + l * Ev, Ev, T(0));
+  }
+  q = q_copy.data();
+  g = g_copy.data();
+}
+
+template <class T>
 void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
   T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(2 * L * S) * sizeof(T)));
@@ -115,12 +160,14 @@ void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
   std::fill_n(dk, p.B * p.Hkv * S * E, T(0));
   std::fill_n(dv, p.B * p.Hkv * S * Ev, T(0));
   openblas_set_num_threads(p.threads);
+  std::vector<T> q_copy, g_copy;
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.Hq; ++h) {
       const Head<T> hd = probabilities<T>(p, b, h, P, nullptr);
       const int64_t bhq = hd.bhq, bhk = hd.bhk;
       const T *q = hd.q, *k = hd.k, *v = hd.v;
       const T* g = dout + bhq * L * Ev;
+      zero_rows_without_keys(P, L, S, E, Ev, q, g, q_copy, g_copy);
       gemm(true, false, S, Ev, L, T(1), P, S, g, Ev, T(1), dv + bhk * S * Ev, Ev);  // dV += P^T dO
       gemm(false, true, L, S, Ev, T(1), g, Ev, v, Ev, T(0), dS, S);                 // dP = dO V^T
 #pragma omp parallel for num_threads(p.threads) schedule(static)

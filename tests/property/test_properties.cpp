@@ -323,6 +323,62 @@ RC_GTEST_PROP(Attention, ShiftingARowOfAdditiveMaskChangesNothing, ()) {
                 "out after shifting a mask row");
 }
 
+// A mask that shifts whole rows by an offset from 0 down to the dtype's lowest value (a padding
+// mask of finfo.min, or -1e9): however little of the scores the dtype can then resolve, the
+// fused backward's P sums to 1 on every row, as the forward's does. Checked through dv: for
+// each (batch, kv head) and feature, sum_s dv[s] = sum of dO over the rows (of the group's query
+// heads) that see a key, because sum_s dv[s] = sum_l (sum_s P[l][s]) dO[l].
+RC_GTEST_PROP(Attention, HugeRowShiftsKeepTheBackwardNormalised, ()) {
+  Config c = *gen_config();
+  c.impl = Impl::fast;
+  c.mask_kind = 2;
+  std::fill(c.mask_broadcast.begin(), c.mask_broadcast.end(), false);
+  c.mask_drop = 0;
+  const Inputs base = make_inputs(c);
+  Inputs in = base.clone();
+  const double lowest = c.dtype == DType::float32 ? double(std::numeric_limits<float>::lowest())
+                                                  : std::numeric_limits<double>::lowest();
+  const double top = std::log10(-lowest);
+  const double offset = *rc::gen::element(0, 1, 2) == 0
+                            ? lowest
+                            : -std::pow(10.0, *rc::gen::inRange(0, 1000) * top / 1000);
+  const std::int64_t rows = in.mask.numel() / c.S;
+  std::mt19937_64 rng(c.seed + 17);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (rng() % 2 != 0) continue;
+    for (std::int64_t s = 0; s < c.S; ++s)
+      put(in.mask, r * c.S + s, at(in.mask, r * c.S + s) + offset);
+  }
+  const AttentionOptions o = c.options();
+  const Outputs f = forward(in, o);
+  Array dq(c.dtype, in.q.shape()), dk(c.dtype, in.k.shape()), dv(c.dtype, in.v.shape());
+  const TensorRef mr = in.mask.ref();
+  attention_backward(in.q, in.k, in.v, &mr, f.out, f.lse, in.dout, o, dq.mut(), dk.mut(), dv.mut());
+  const double u = oracle::unit_roundoff(c.dtype, c.impl);
+  const std::int64_t B = in.q.numel() / std::max<std::int64_t>(c.Hq() * c.L * c.E, 1);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t hk = 0; hk < c.Hkv; ++hk) {
+      for (std::int64_t e = 0; e < c.Ev; ++e) {
+        double dv_sum = 0, want = 0, mass = 0;
+        for (std::int64_t s = 0; s < c.S; ++s)
+          dv_sum += at(dv, ((b * c.Hkv + hk) * c.S + s) * c.Ev + e);
+        for (std::int64_t h = hk * c.group; h < (hk + 1) * c.group; ++h) {
+          for (std::int64_t l = 0; l < c.L; ++l) {
+            const std::int64_t row = (b * c.Hq() + h) * c.L + l;
+            if (at(f.lse, row) == -kInf) continue;
+            want += at(in.dout, row * c.Ev + e);
+            mass += std::fabs(at(in.dout, row * c.Ev + e));
+          }
+        }
+        // Each row's P sums to 1 within (S + 4) u, plus 16 epsilons from the rounding of lse
+        // (see kLseResolvable in the kernel); the sums over s and l add (S + L) u.
+        const double tol = (2 * c.S + 2 * c.L + 8 + 64) * u * mass;
+        RC_ASSERT(std::fabs(dv_sum - want) <= tol);
+      }
+    }
+  }
+}
+
 RC_GTEST_PROP(Attention, ScaleInvariances, ()) {
   const Config c = *gen_config();
   const Inputs in = make_inputs(c);
