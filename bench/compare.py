@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""The training-speed table in one run: sdpa's fused kernel against tuned PyTorch 1.13, forward,
+backward and causal, at E = 64 and 128, with the FP32 FMA peak measured in the same run.
+
+Each case runs in rounds that alternate sdpa and PyTorch, so that both see the same machine
+(these are shared virtual machines: a neighbour's load moves both sides alike); each side's figure
+is the median over the rounds of its per-round medians. The peak (`sdpa bench --peak`) is
+measured before every round and its median is the denominator of "% of peak".
+
+Tuned PyTorch is the three-pass composition a user writes (PyTorch 1.13 has no fused CPU
+attention) with tcmalloc and the CPU's widest ATen kernels, each in its own process because the
+environment must be set before the libraries load (see bench/torch_compare.py, whose worker this
+script reuses): on AVX-512 machines OPENBLAS_CORETYPE=SkylakeX ATEN_CPU_CAPABILITY=avx512, on
+AVX2 machines Haswell and avx2 (SkylakeX dies on an illegal instruction there).
+
+Usage: bench/compare.py [--sdpa build/sdpa] [--threads 2] [--rounds 3] [--repeat 3]
+                        [--cases fwd:1,8,4096,64 bwd:1,8,4096,64 ...] [--json]
+A case is PASS:B,H,N,E with PASS one of fwd, bwd, cfwd, cbwd (c = causal, upper-left).
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+DEFAULT_CASES = ["fwd:1,8,4096,64", "fwd:1,8,4096,128", "bwd:1,8,4096,64", "bwd:1,8,4096,128",
+                 "cfwd:1,8,4096,64", "cbwd:1,8,4096,64"]
+
+
+def cpu():
+    model, flags = "unknown", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    family = model
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu family"):
+                family = f"{model}, family {line.split(':')[1].strip()}"
+                break
+    return family, "avx512f" in flags
+
+
+def parse_case(text):
+    kind, _, shape = text.partition(":")
+    if kind not in ("fwd", "bwd", "cfwd", "cbwd"):
+        sys.exit(f"--cases: expected PASS:B,H,N,E with PASS fwd, bwd, cfwd or cbwd, got '{text}'")
+    try:
+        dims = [int(x) for x in shape.split(",")]
+    except ValueError:
+        dims = []
+    if len(dims) != 4 or min(dims) < 1:
+        sys.exit(f"--cases: expected four positive integers B,H,N,E, got '{text}'")
+    return {"name": text, "backward": kind.endswith("bwd"), "causal": kind.startswith("c"),
+            "shape": dims}
+
+
+def run_json(cmd, env=None):
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def sdpa_once(args, case):
+    b, h, n, e = case["shape"]
+    cmd = [args.sdpa, "bench", "--json", "--batch", str(b), "--heads", str(h), "--seq", str(n),
+           "--dim", str(e), "--threads", str(args.threads), "--repeat", str(args.repeat)]
+    if case["backward"]:
+        cmd.append("--backward")
+    if case["causal"]:
+        cmd += ["--causal", "upper-left"]
+    return run_json(cmd)["gflops_median"]
+
+
+def torch_once(args, case, avx512):
+    env = dict(os.environ, LD_PRELOAD=TCMALLOC,
+               OPENBLAS_CORETYPE="SkylakeX" if avx512 else "Haswell",
+               ATEN_CPU_CAPABILITY="avx512" if avx512 else "avx2")
+    cmd = [sys.executable, os.path.join(HERE, "torch_compare.py"), "--worker", "--threads",
+           str(args.threads), "--repeat", str(args.repeat), "--shape", *map(str, case["shape"])]
+    if case["backward"]:
+        cmd.append("--backward")
+    if case["causal"]:
+        cmd.append("--causal")
+    return run_json(cmd, env)["gflops_median"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sdpa", default=os.path.join(HERE, "..", "build", "sdpa"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per side per round")
+    p.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
+    p.add_argument("--no-torch", action="store_true", help="sdpa and the peak only")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args()
+    if not os.path.exists(args.sdpa):
+        sys.exit(f"--sdpa: expected the sdpa program, {args.sdpa} does not exist")
+    if args.threads < 1 or args.rounds < 1 or args.repeat < 1:
+        sys.exit("--threads, --rounds, --repeat: expected positive integers")
+    cases = [parse_case(c) for c in args.cases]
+    model, avx512 = cpu()
+    peaks, rows = [], []
+    for case in cases:
+        s_runs, t_runs = [], []
+        for r in range(args.rounds):
+            print(f"{case['name']}: round {r + 1}/{args.rounds}", file=sys.stderr)
+            peaks.append(run_json([args.sdpa, "bench", "--peak", "--json", "--threads",
+                                   str(args.threads)])["peak_gflops"])
+            s_runs.append(sdpa_once(args, case))
+            if not args.no_torch:
+                t_runs.append(torch_once(args, case, avx512))
+        rows.append({"case": case["name"], "sdpa_gflops": statistics.median(s_runs),
+                     "torch_gflops": statistics.median(t_runs) if t_runs else None,
+                     "sdpa_runs": s_runs, "torch_runs": t_runs})
+    peak = statistics.median(peaks)
+    for row in rows:
+        row["percent_of_peak"] = 100 * row["sdpa_gflops"] / peak
+        row["ratio"] = row["sdpa_gflops"] / row["torch_gflops"] if row["torch_gflops"] else None
+    result = {"date": datetime.date.today().isoformat(), "cpu": model, "avx512": avx512,
+              "threads": args.threads, "rounds": args.rounds, "repeat": args.repeat,
+              "peak_gflops_median": peak, "peaks": peaks, "rows": rows}
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{result['date']}, {model} ({'AVX-512' if avx512 else 'AVX2'}), {args.threads} "
+          f"threads, FMA peak {peak:.0f} GFLOP/s (median of {len(peaks)}, same run)")
+    print("| case (B,H,L=S,E) | sdpa GFLOP/s | % of peak | tuned PyTorch | ratio |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        t = f"{row['torch_gflops']:.0f}" if row["torch_gflops"] else "-"
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] else "-"
+        print(f"| {row['case']} | {row['sdpa_gflops']:.0f} | {row['percent_of_peak']:.0f}% | "
+              f"{t} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
