@@ -335,7 +335,7 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return {{"experiment", "train"},
           {"seed", options.seed},
-          {"mode", options.mode == Mode::quick ? "quick" : "full"},
+          {"mode", mode_name(options.mode)},
           {"seconds", seconds},
           {"config", cfg},
           {"claims", json::array({claim})},

@@ -9,6 +9,7 @@
 
 #include "bench/bench.h"
 #include "lab/claims.h"
+#include "lab/common.h"
 #include "lab/schema.h"
 #include "report/sections.h"
 #include "sdpa/sdpa.h"
@@ -142,10 +143,10 @@ Built build_document(const Inputs& inputs, const ReportOptions& options, const f
   d.footer =
       page.tr(fmt::format("sdpa {} · seed {} · every figure drawn by gnuplot from the CSV "
                           "beside it in data/ · regenerate with: sdpa report --{} --seed {}",
-                          version(), o.seed, o.mode == Mode::quick ? "quick" : "full", o.seed),
+                          version(), o.seed, lab::mode_name(o.mode), o.seed),
               fmt::format("sdpa {} · 种子 {} · 每张图都由 gnuplot 根据 data/ 中对应的 CSV 绘制 · "
                           "重新生成：sdpa report --{} --seed {} --lang zh",
-                          version(), o.seed, o.mode == Mode::quick ? "quick" : "full", o.seed));
+                          version(), o.seed, lab::mode_name(o.mode), o.seed));
   return std::move(page.built());
 }
 
@@ -157,7 +158,7 @@ std::vector<std::pair<std::string, std::string>> header_meta(const Inputs& input
   if (inputs.bench.is_object() && inputs.bench.contains("rows") && !inputs.bench["rows"].empty()) {
     target = str(&inputs.bench["rows"][0], "target");
   }
-  std::string mode = options.mode == Mode::quick ? "quick" : "full";
+  std::string mode = lab::mode_name(options.mode);
   if (options.from)
     mode += zh ? "（从 " + options.from->string() + " 重新绘制）"
                : " (re-rendered from " + options.from->string() + ")";
