@@ -22,15 +22,9 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   sdpa::cli::add_attention_command(app);
   sdpa::cli::add_softmax_command(app);
-#ifdef SDPA_HAS_BENCH
   sdpa::cli::add_bench_command(app);
-#endif
-#ifdef SDPA_HAS_LAB
   sdpa::cli::add_lab_command(app);
-#endif
-#ifdef SDPA_HAS_REPORT
   sdpa::cli::add_report_command(app);
-#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -37,18 +37,6 @@ void require_positive(std::int64_t value, const char* option) {
   if (value < 1) throw Error(fmt::format("{}: expected a positive integer, got {}", option, value));
 }
 
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown";
-}
-
 double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -62,6 +50,27 @@ double max_rss_mib() {
 }
 
 }  // namespace
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  int cpus = 0;
+  while (std::getline(in, line)) cpus += line.rfind("processor", 0) == 0;
+  const std::string model = cpu_model();
+  return cpus > 0 ? fmt::format("{} ({} logical CPUs)", model, cpus) : model;
+}
 
 nlohmann::json run_bench(const BenchConfig& config) {
   const std::int64_t B = config.batch, H = config.heads;
@@ -172,7 +181,7 @@ nlohmann::json run_bench(const BenchConfig& config) {
   j["peak_gflops_per_cpu_second"] = peak_result.cpu_gflops;
   j["percent_of_peak_cpu_time"] = 100.0 * flops / cpu_median * 1e-9 / peak_result.cpu_gflops;
   j["target"] = target;
-  j["cpu"] = cpu_name();
+  j["cpu"] = cpu_model();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

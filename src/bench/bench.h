@@ -32,6 +32,11 @@ struct BenchConfig {
 /// when causal), backward 2.5x.
 nlohmann::json run_bench(const BenchConfig& config);
 
+/// The CPU's model name from /proc/cpuinfo ("unknown" without one), and the same followed by
+/// the number of logical CPUs, "AMD EPYC ... (2 logical CPUs)": the machine the report names.
+std::string cpu_model();
+std::string cpu_description();
+
 /// The FP32 FMA peak in GFLOP/s of this machine with `threads` threads (0: one per core),
 /// measured with a register-only FMA loop on the best compiled SIMD target.
 double measure_peak_gflops(int threads);

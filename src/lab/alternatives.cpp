@@ -1,4 +1,4 @@
-// Table `alternatives` of the experiment `saturation` (CLAIMS.md, "Alternatives that real models
+// Table `alternatives` of the experiment `saturation` ("alternatives that real models
 // use"): the normalisers real models use instead of, or on top of, 1/sqrt(d), compared on the
 // same measurements as C7 when q and k keep unit variance (sigma = 1) and when their
 // activations have grown (sigma = 4, a drift the article's derivation assumes away):
@@ -20,7 +20,9 @@
 #include "lab/common.h"
 #include "lab/experiments.h"
 #include "lab/random.h"
+#include "lab/scales.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -31,40 +33,23 @@ constexpr double kSigmas[] = {1.0, 4.0};
 constexpr int kAltN = 1024;
 constexpr double kCap = 50.0;
 
-enum class Method { unscaled, sqrt_d, inv_d, qk_norm, softcap };
-constexpr Method kMethods[] = {Method::unscaled, Method::sqrt_d, Method::inv_d, Method::qk_norm,
-                               Method::softcap};
+constexpr Scale kMethods[] = {Scale::one, Scale::inv_sqrt_d, Scale::inv_d, Scale::qk_norm,
+                              Scale::softcap};
 constexpr int kBaseline = 1;  // 1/sqrt(d) at sigma = 1: the "dead" threshold is relative to it
-
-const char* method_name(Method m) {
-  switch (m) {
-    case Method::unscaled:
-      return "1";
-    case Method::sqrt_d:
-      return "1/sqrt(d)";
-    case Method::inv_d:
-      return "1/d";
-    case Method::qk_norm:
-      return "qk-norm";
-    case Method::softcap:
-      return "softcap";
-  }
-  return "?";
-}
 
 // The standard deviation of the logits that the method's closed form gives (softcap: the
 // uncapped value, an upper bound).
-double std_theory(Method m, double sigma, int d) {
+double std_theory(Scale m, double sigma, int d) {
   const double s2 = sigma * sigma, rd = std::sqrt(static_cast<double>(d));
   switch (m) {
-    case Method::unscaled:
+    case Scale::one:
       return s2 * rd;
-    case Method::sqrt_d:
-    case Method::softcap:
+    case Scale::inv_sqrt_d:
+    case Scale::softcap:
       return s2;
-    case Method::inv_d:
+    case Scale::inv_d:
       return s2 / rd;
-    case Method::qk_norm:
+    case Scale::qk_norm:
       return 1.0;
   }
   return 0.0;
@@ -90,8 +75,9 @@ json alternatives_table(const LabOptions& options) {
       // Keys (shared by the rows) and their norms; each query row draws its own q and dP.
       std::vector<double> k(static_cast<std::size_t>(n) * d), k_norm(n);
       for (int j = 0; j < n; ++j) {
-        Stream st(options.seed, stream_id({0xA17, si, static_cast<std::uint64_t>(d), 1,
-                                           static_cast<std::uint64_t>(j)}));
+        Stream st(options.seed,
+                  stream_id({streams::kAlternatives, si, static_cast<std::uint64_t>(d), 1,
+                             static_cast<std::uint64_t>(j)}));
         double s = 0;
         for (int e = 0; e < d; ++e) {
           const double x = sigma * st.normal();
@@ -102,8 +88,9 @@ json alternatives_table(const LabOptions& options) {
       }
       std::vector<RowResult> res(static_cast<std::size_t>(rows) * n_methods);
       parallel_for(rows, options.threads, [&](std::int64_t r) {
-        Stream st(options.seed, stream_id({0xA17, si, static_cast<std::uint64_t>(d), 0,
-                                           static_cast<std::uint64_t>(r)}));
+        Stream st(options.seed,
+                  stream_id({streams::kAlternatives, si, static_cast<std::uint64_t>(d), 0,
+                             static_cast<std::uint64_t>(r)}));
         std::vector<double> q(d), x(n), z(n), p(n), dp(n), ds(n);
         double qn = 0;
         for (double& v : q) {
@@ -120,22 +107,22 @@ json alternatives_table(const LabOptions& options) {
         }
         const double rd = std::sqrt(static_cast<double>(d));
         for (int mi = 0; mi < n_methods; ++mi) {
-          const Method m = kMethods[mi];
+          const Scale m = kMethods[mi];
           for (int j = 0; j < n; ++j) {
             switch (m) {
-              case Method::unscaled:
+              case Scale::one:
                 z[j] = x[j];
                 break;
-              case Method::sqrt_d:
+              case Scale::inv_sqrt_d:
                 z[j] = x[j] / rd;
                 break;
-              case Method::inv_d:
+              case Scale::inv_d:
                 z[j] = x[j] / d;
                 break;
-              case Method::qk_norm:
+              case Scale::qk_norm:
                 z[j] = rd * x[j] / (qn * k_norm[j]);
                 break;
-              case Method::softcap:
+              case Scale::softcap:
                 z[j] = kCap * std::tanh(x[j] / rd / kCap);
                 break;
             }
@@ -146,7 +133,7 @@ json alternatives_table(const LabOptions& options) {
           double g2 = 0;
           for (int j = 0; j < n; ++j) {
             // softcap: back through the cap, to the logits before it.
-            const double t = m == Method::softcap ? 1.0 - (z[j] / kCap) * (z[j] / kCap) : 1.0;
+            const double t = m == Scale::softcap ? 1.0 - (z[j] / kCap) * (z[j] / kCap) : 1.0;
             g2 += ds[j] * t * ds[j] * t;
             out.sum_z += z[j];
             out.sum_z2 += z[j] * z[j];
@@ -163,7 +150,7 @@ json alternatives_table(const LabOptions& options) {
         }
         baseline_median[di] = quantile(g, 0.5);
       }
-      const double dead = 1e-3 * baseline_median[di];
+      const double dead = kDeadFactor * baseline_median[di];
       const double ln_n = std::log(static_cast<double>(n));
       for (int mi = 0; mi < n_methods; ++mi) {
         std::vector<double> h(rows), mp(rows);
@@ -185,7 +172,7 @@ json alternatives_table(const LabOptions& options) {
                          {"d", d},
                          {"n_keys", n},
                          {"rows", rows},
-                         {"method", method_name(kMethods[mi])},
+                         {"method", scale_name(kMethods[mi])},
                          {"logit_std_theory", st},
                          {"logit_std", zstd},
                          {"entropy", mean(h)},
@@ -199,6 +186,40 @@ json alternatives_table(const LabOptions& options) {
     }
   }
   return table;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+
+Table alternatives_table_schema() {
+  return {"alternatives",
+          "one per (sigma, d, method), d ∈ {16, 64, 256, 1024}, N = 1024, 128 query rows "
+          "(full: 512): the normalisers compared when q and k keep unit variance (`sigma` 1) and "
+          "when their activations have grown (`sigma` 4)",
+          {{"sigma", Kind::number, "", "standard deviation of the entries of q and k"},
+           {"d", Kind::integer, "", "dimension of q and k"},
+           {"n_keys", Kind::integer, "", "N"},
+           {"rows", Kind::integer, "", "query rows measured"},
+           {"method", Kind::text, "",
+            "`\"1\"`: unscaled; `\"1/sqrt(d)\"`; `\"1/d\"`: muP; `\"qk-norm\"`: q and k "
+            "RMS-normalised, then `1/sqrt(d)`, i.e. `sqrt(d)·cos(q, k)`; `\"softcap\"`: "
+            "`1/sqrt(d)`, then `50·tanh(y/50)`, Gemma 2's attention cap"},
+           {"logit_std_theory", Kind::number, "",
+            "`sigma²·sqrt(d)`, `sigma²`, `sigma²/sqrt(d)`, 1, and for softcap the uncapped "
+            "`sigma²`, an upper bound"},
+           {"logit_std", Kind::number, "", "measured standard deviation of the logits"},
+           {"entropy", Kind::number, "nats", "mean over rows"},
+           {"entropy_theory", Kind::number, "nats", "`ln N − s²/2` with the theory's s"},
+           {"normalized_entropy", Kind::number, "", "`entropy/ln N`"},
+           {"regime", Kind::text, "", "`\"liquid\"` if `s² < 2 ln N`, else `\"frozen\"`"},
+           {"max_prob", Kind::number, "", "largest probability, mean over rows"},
+           {"grad_logits_norm", Kind::number, "",
+            "median over rows of the gradient reaching the logits (softcap: before the cap) "
+            "from an upstream gradient of independent standard normals"},
+           {"grad_logits_dead", Kind::number, "",
+            "fraction of rows below a thousandth of the median of `\"1/sqrt(d)\"` at sigma 1, "
+            "same d"}}};
 }
 
 }  // namespace sdpa::lab

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lab/claims.h"
 #include "lab/lab.h"
 #include "lab/verdicts.h"
 
@@ -21,10 +22,6 @@ json num(double v);
 const char* mode_name(Mode mode);
 const char* lang_name(Lang lang);
 
-/// The article's words for claim `id` ("C1".."C8"), in English or in the original Chinese.
-/// Throws sdpa::Error for an unknown id.
-const std::string& claim_text(const std::string& id, Lang lang);
-
 /// One entry of "claims": the claim in both languages, `claim` in `lang`.
 json make_claim(const std::string& id, Lang lang, const std::string& theory,
                 const std::string& measurement, const Verdict& verdict,
@@ -33,6 +30,15 @@ json make_claim(const std::string& id, Lang lang, const std::string& theory,
 /// {"experiment", "seed", "mode", "lang", "claims": [], "tables": {}}; "seconds" is added by
 /// the registry's wrapper.
 json make_result(const std::string& experiment, const LabOptions& options);
+
+/// The gradient-distribution columns of `saturation` and `temperature`: for each of dQ, dK and
+/// the gradient reaching the logits, `*_norm` (median), `*_mean`, `*_p99` and `*_dead`, the
+/// fraction of rows below kDeadFactor times the median under `reference`.
+std::vector<Column> gradient_columns(const std::string& reference);
+
+/// A row is "dead" when its gradient norm is below this fraction of the median norm of the
+/// same gradient under the reference scale: a thousandth, three decades below a typical row.
+inline constexpr double kDeadFactor = 1e-3;
 
 /// A 64-bit stream id from a few small fields (experiment tag, cell, tensor, row, ...): each
 /// field is mixed in with SplitMix64's finaliser, so distinct tuples give distinct streams

@@ -9,6 +9,7 @@
 #include "lab/random.h"
 #include "lab/sampling.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 
 namespace sdpa::lab {
 
@@ -30,7 +31,7 @@ json run_derive(const LabOptions& options) {
       static_cast<std::int64_t>(n_dists) * blocks, options.threads, [&](std::int64_t item) {
         const int di = static_cast<int>(item / blocks), blk = static_cast<int>(item % blocks);
         const Dist dist = kAllDists[di];
-        Stream s(options.seed, stream_id({0xDE41, static_cast<std::uint64_t>(di),
+        Stream s(options.seed, stream_id({streams::kDerive, static_cast<std::uint64_t>(di),
                                           static_cast<std::uint64_t>(blk)}));
         std::vector<double> q(d), k(d);
         for (int t = 0; t < kBlock; ++t) {
@@ -126,6 +127,36 @@ json run_derive(const LabOptions& options) {
       fmt::format("{} of {} intervals of Var(q.k/sqrt(d)) contain 1", c6_cov, c6_tot),
       verdict_coverage(c6_cov, c6_tot), "Scaling by 1/sqrt(d) gives unit variance at d = 512."));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+
+const Experiment& derive_experiment() {
+  static const Experiment e{
+      "derive",
+      "C3-C6: each step of Var(q.k) = d as an expectation with its interval",
+      run_derive,
+      {{"derive",
+        "one per (distribution, term), d = 512 (the article's)",
+        {{"distribution", Kind::text, "",
+          "`normal`, `uniform`, `rademacher`, `laplace`, `student-t5` (mean 0, variance 1)"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"samples", Kind::integer, "", "independent (q, k) pairs"},
+         {"term", Kind::text, "",
+          "`\"E[q_i k_i]\"` (theory 0), `\"E[q.k]\"` (0), `\"E[q_i^2 k_i^2]\"` (1), "
+          "`\"E[q_i k_i q_j k_j]\"` (i ≠ j, 0), `\"E[(q.k)^2]\"` (d), `\"Var(q.k)\"` (d), "
+          "`\"Var(q.k/sqrt(d))\"` (1)"},
+         {"theory", Kind::number, "", "the value the derivation gives"},
+         {"estimate", Kind::number, "", "the sample's value"},
+         {"ci_low", Kind::number, "", "95% confidence interval, low end"},
+         {"ci_high", Kind::number, "", "95% confidence interval, high end"},
+         {"covered", Kind::boolean, "", "the theory lies inside the interval"}}}},
+      {{"derive",
+        {"distribution", "term", "theory", "estimate", "ci_low", "ci_high", "covered"},
+        nullptr}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

@@ -16,6 +16,7 @@
 #include "lab/lowp.h"
 #include "lab/random.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -34,11 +35,11 @@ std::vector<double> logits(std::uint64_t seed, int d, int rows, int threads) {
   std::vector<double> k(static_cast<std::size_t>(kN) * d), z(static_cast<std::size_t>(rows) * kN);
   const auto ud = static_cast<std::uint64_t>(d);
   parallel_for(kN, threads, [&](std::int64_t j) {
-    Stream s(seed, stream_id({0x9EC, ud, 1, static_cast<std::uint64_t>(j)}));
+    Stream s(seed, stream_id({streams::kPrecision, ud, 1, static_cast<std::uint64_t>(j)}));
     for (int e = 0; e < d; ++e) k[static_cast<std::size_t>(j) * d + e] = s.normal();
   });
   parallel_for(rows, threads, [&](std::int64_t i) {
-    Stream s(seed, stream_id({0x9EC, ud, 0, static_cast<std::uint64_t>(i)}));
+    Stream s(seed, stream_id({streams::kPrecision, ud, 0, static_cast<std::uint64_t>(i)}));
     std::vector<double> q(d);
     for (double& x : q) x = s.normal();
     for (int j = 0; j < kN; ++j) {
@@ -193,6 +194,73 @@ json run_precision(const LabOptions& options) {
       "Scaling keeps the softmax input in the range where low-precision formats are accurate "
       "and where exp cannot overflow."));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+namespace {
+
+bool is_key_d(const json& row) {
+  const int d = row["d"].get<int>();
+  return d == 16 || d == 64 || d == 512 || d == 4096;
+}
+
+}  // namespace
+
+const Experiment& precision_experiment() {
+  static const Experiment e{
+      "precision",
+      "C2, C7: float16/bfloat16/float32 logits, bits lost, where naive softmax NaNs",
+      run_precision,
+      {{"precision",
+        "one per (format, scale), d = 512, N = 1024",
+        {{"format", Kind::text, "", "`float16`, `bfloat16`, `float32`"},
+         {"scale", Kind::text, "", "`\"1\"` or `\"1/sqrt(d)\"`"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"n_keys", Kind::integer, "", "N"},
+         {"rows", Kind::integer, "", "query rows"},
+         {"logit_rms", Kind::number, "", "rms of the logits"},
+         {"logit_rounding_rms", Kind::number, "", "rms of the rounding error of the logits"},
+         {"prob_rel_error_rms", Kind::number, "",
+          "rms of `p̃_i/p_i − 1` over the significant probabilities (at least 1e-3 times their "
+          "row's largest), p̃ the library's stable softmax of the rounded logits, p of the exact "
+          "ones"},
+         {"effective_bits", Kind::number, "bits", "`−log2(prob_rel_error_rms)`"},
+         {"bits_lost", Kind::number, "bits",
+          "effective bits of the scaled logits minus those of these logits (0 for the scaled "
+          "rows)"},
+         {"significant_logit_rms", Kind::number, "",
+          "rms of the logits of the significant entries"},
+         {"bits_lost_theory", Kind::number, "bits",
+          "`log2` of the ratio of the two `significant_logit_rms` (each probability moves by "
+          "about its logit's rounding error `|z|·2^-p`)"},
+         {"bits_lost_sqrt_d", Kind::number, "bits",
+          "`0.5·log2 d`, what one might expect (0 for the scaled rows)"}}},
+       {"naive_nan",
+        "one per (format, scale, d), d = 2, 4, …, 4096",
+        {{"format", Kind::text, "", "`float16`, `bfloat16`, `float32`"},
+         {"scale", Kind::text, "", "`\"1\"` or `\"1/sqrt(d)\"`"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"n_keys", Kind::integer, "", "N"},
+         {"rows", Kind::integer, "", "query rows"},
+         {"nan_fraction", Kind::number, "",
+          "fraction of rows where the naive softmax computed in that format has NaN"},
+         {"max_logit_median", Kind::number, "", "median over rows of the largest logit"},
+         {"ln_max", Kind::number, "", "the overflow point of exp in that format"},
+         {"theory_d_threshold", Kind::number, "",
+          "for scale 1, the d where the expected row maximum `sqrt(2 d ln N)` reaches `ln_max`: "
+          "`ln_max²/(2 ln N)`; null for scaled rows",
+          true}}}},
+      {{"precision",
+        {"format", "scale", "logit_rms", "logit_rounding_rms", "prob_rel_error_rms",
+         "effective_bits", "bits_lost", "bits_lost_theory"},
+        nullptr},
+       {"naive_nan",
+        {"format", "scale", "d", "nan_fraction", "max_logit_median", "ln_max",
+         "theory_d_threshold"},
+        is_key_d}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

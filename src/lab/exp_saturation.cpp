@@ -12,7 +12,9 @@
 #include "lab/experiments.h"
 #include "lab/probe.h"
 #include "lab/random.h"
+#include "lab/scales.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -23,18 +25,8 @@ constexpr int kNs[] = {16, 128, 1024, 8192};
 constexpr int kHistDs[] = {16, 256, 1024};
 constexpr int kHistN = 1024;
 constexpr int kHistBins = 40;
-// The dead threshold: a thousandth of the scaled median, as in CLAIMS.md's simulation.
-constexpr double kDeadFactor = 1e-3;
 
-struct Scale {
-  const char* name;
-  double (*value)(int d);
-};
-constexpr Scale kScales[] = {
-    {"1", [](int) { return 1.0; }},
-    {"1/sqrt(d)", [](int d) { return 1.0 / std::sqrt(static_cast<double>(d)); }},
-    {"1/d", [](int d) { return 1.0 / d; }},
-};
+constexpr Scale kScales[] = {Scale::one, Scale::inv_sqrt_d, Scale::inv_d};
 constexpr int kReference = 1;  // 1/sqrt(d): the dead threshold is relative to it
 
 // Query rows per cell. The cost of a cell is rows * N * d; rows are fewer where N * d is large
@@ -70,8 +62,8 @@ Curve entropy_curve(const LabOptions& options) {
   parallel_for(n_n * rows, options.threads, [&](std::int64_t item) {
     const int ni = static_cast<int>(item / rows), row = static_cast<int>(item % rows);
     const int n = kNs[ni];
-    Stream st(options.seed,
-              stream_id({0xC0E, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(row)}));
+    Stream st(options.seed, stream_id({streams::kEntropyCurve, static_cast<std::uint64_t>(n),
+                                       static_cast<std::uint64_t>(row)}));
     std::vector<double> g(n), p(n);
     for (double& v : g) v = st.normal();
     for (std::size_t k = 0; k < c.s.size(); ++k) {
@@ -106,12 +98,13 @@ json run_saturation(const LabOptions& options) {
     for (std::size_t ni = 0; ni < std::size(kNs); ++ni) {
       const int n = kNs[ni];
       const int rows = rows_for(d, n, full);
-      const ProbeInputs in = make_probe_inputs(options.seed, 0x5A7, d, n, rows, options.threads);
+      const ProbeInputs in =
+          make_probe_inputs(options.seed, streams::kSaturation, d, n, rows, options.threads);
       const bool want_hist =
           n == kHistN && std::find(std::begin(kHistDs), std::end(kHistDs), d) != std::end(kHistDs);
       std::vector<ProbeResult> res;
       for (int si = 0; si < 3; ++si) {
-        res.push_back(probe(in, kScales[si].value(d), options.threads, want_hist && si < 2));
+        res.push_back(probe(in, scale_value(kScales[si], d), options.threads, want_hist && si < 2));
       }
       const ProbeResult& ref = res[kReference];
       const double dead_q = kDeadFactor * quantile(ref.grad_q, 0.5);
@@ -119,7 +112,7 @@ json run_saturation(const LabOptions& options) {
       const double dead_s = kDeadFactor * quantile(ref.grad_logits, 0.5);
       for (int si = 0; si < 3; ++si) {
         const ProbeResult& r = res[si];
-        const double sv = kScales[si].value(d);
+        const double sv = scale_value(kScales[si], d);
         const double s = sv * std::sqrt(static_cast<double>(d));
         const double ln_n = std::log(static_cast<double>(n));
         const double h = mean(r.entropy), h_theory = ln_n - s * s / 2;
@@ -129,7 +122,7 @@ json run_saturation(const LabOptions& options) {
                         gs = norm_stats(r.grad_logits, dead_s);
         json row = {{"d", d},
                     {"n_keys", n},
-                    {"scale", kScales[si].name},
+                    {"scale", scale_name(kScales[si])},
                     {"scale_value", sv},
                     {"rows", rows},
                     {"logit_std", s},
@@ -178,7 +171,7 @@ json run_saturation(const LabOptions& options) {
           for (int b = 0; b < kHistBins; ++b) {
             const double c = lo + (b + 0.5) * width;
             hist.push_back({{"d", d},
-                            {"scale", kScales[si].name},
+                            {"scale", scale_name(kScales[si])},
                             {"bin_low", lo + b * width},
                             {"bin_high", lo + (b + 1) * width},
                             {"count", count[b]},
@@ -267,6 +260,80 @@ json run_saturation(const LabOptions& options) {
                       alt_d) +
           alt_text + ". Only QK-norm keeps the logits at std 1 whatever their size."));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+
+const Experiment& saturation_experiment() {
+  auto saturation_columns = [] {
+    std::vector<Column> c = {
+        {"d", Kind::integer, "", "dimension of q and k"},
+        {"n_keys", Kind::integer, "", "N, keys per query"},
+        {"scale", Kind::text, "", "`\"1\"`, `\"1/sqrt(d)\"` or `\"1/d\"`"},
+        {"scale_value", Kind::number, "", "the scale as a number"},
+        {"rows", Kind::integer, "",
+         "query rows measured: `6e6/(N·d)` clamped to 64…256 in quick mode, `6e7/(N·d)` clamped "
+         "to 64…1024 in full; the same Q, K, V, dO for the three scales of a cell"},
+        {"logit_std", Kind::number, "", "theory `s = scale·sqrt(d)`"},
+        {"logit_std_measured", Kind::number, "", "measured standard deviation of `scale·q·k`"},
+        {"entropy", Kind::number, "nats", "mean over rows"},
+        {"entropy_theory", Kind::number, "nats",
+         "`ln N − s²/2`, the random-energy-model result, valid while `s < sqrt(2 ln N)`; can be "
+         "negative beyond, where it no longer applies"},
+        {"regime", Kind::text, "", "`\"liquid\"` if `s² < 2 ln N`, else `\"frozen\"`"},
+        {"max_prob", Kind::number, "", "largest probability, mean over rows"},
+        {"effective_support", Kind::number, "keys", "mean of `exp(H)`"},
+        {"jacobian_norm", Kind::number, "", "mean Frobenius norm of `diag(p) − p pᵀ`"}};
+    for (auto& g : gradient_columns("`1/sqrt(d)` at the same d and N")) c.push_back(g);
+    return c;
+  };
+  static const Experiment e{
+      "saturation",
+      "C7: entropy and gradient distributions over (d, N), scales 1, 1/sqrt(d), 1/d",
+      run_saturation,
+      {{"saturation", "one per (d, N, scale), d ∈ {16, 64, 256, 1024}, N ∈ {16, 128, 1024, 8192}",
+        saturation_columns()},
+       {"freezing",
+        "one per N",
+        {{"n_keys", Kind::integer, "", "N"},
+         {"freezing_d", Kind::number, "", "`2 ln N`: unscaled attention freezes past it"},
+         {"freezing_s", Kind::number, "", "`sqrt(2 ln N)`"},
+         {"parted_s", Kind::number, "",
+          "the smallest s of `entropy_curve` where measured entropy and theory differ by more "
+          "than 10% of `ln N` (null if none)",
+          true},
+         {"parted_d", Kind::number, "", "`parted_s²`", true},
+         {"first_parted_d", Kind::number, "",
+          "the same test on the coarse d grid of `saturation`, scale `\"1\"` (null if none)",
+          true}}},
+       {"entropy_curve",
+        "one per (N, s), s = 0.25, 0.5, …, 8: softmax over N independent `N(0, s²)` logits (64 "
+        "rows quick, 512 full)",
+        {{"n_keys", Kind::integer, "", "N"},
+         {"s", Kind::number, "", "standard deviation of the logits"},
+         {"d_unscaled", Kind::number, "", "`s²`: the d whose unscaled scores have this s"},
+         {"entropy", Kind::number, "nats", "the library's softmax, mean over rows"},
+         {"entropy_theory", Kind::number, "nats", "`ln N − s²/2`"},
+         {"regime", Kind::text, "", "`\"liquid\"` if `s² < 2 ln N`, else `\"frozen\"`"}}},
+       {"score_histogram",
+        "one per (d, scale, bin): scores `scale·q·k` for scale `\"1\"` and `\"1/sqrt(d)\"` at "
+        "d ∈ {16, 256, 1024}, N = 1024, 40 bins over ±5s",
+        {{"d", Kind::integer, "", "dimension of q and k"},
+         {"scale", Kind::text, "", "`\"1\"` or `\"1/sqrt(d)\"`"},
+         {"bin_low", Kind::number, "", "left edge of the bin"},
+         {"bin_high", Kind::number, "", "right edge of the bin"},
+         {"count", Kind::integer, "scores", "scores in the bin"},
+         {"density", Kind::number, "", "`count / (total · width)`"},
+         {"theory_density", Kind::number, "", "the normal density `N(0, s²)` at the bin centre"}}},
+       alternatives_table_schema()},
+      {{"saturation",
+        {"d", "n_keys", "scale", "entropy", "entropy_theory", "regime", "max_prob", "grad_q_norm",
+         "grad_q_mean", "grad_q_p99", "grad_q_dead", "grad_logits_dead"},
+        [](const json& r) { return r["n_keys"].get<int>() == 1024; }},
+       {"freezing", {"n_keys", "freezing_d", "freezing_s", "parted_s", "parted_d"}, nullptr}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

@@ -11,6 +11,7 @@
 #include "lab/lowp.h"
 #include "lab/random.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -140,7 +141,7 @@ json run_softmax(const LabOptions& options) {
     cs.push_back(std::pow(10.0, static_cast<double>(k) / per_decade));
   }
   std::vector<double> normal64(64);
-  Stream stream(options.seed, stream_id({0x50F7, 64}));
+  Stream stream(options.seed, stream_id({streams::kSoftmaxSweep, 64}));
   for (double& v : normal64) v = stream.normal();
 
   json sweep = json::array();
@@ -197,6 +198,82 @@ json run_softmax(const LabOptions& options) {
                   "11.09 (float16), 88.72 (float32, bfloat16), 709.78 (float64).",
                   row_norm_log10[0])));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+namespace {
+
+bool is_decade(const json& row) {
+  const double l = std::log10(row["c"].get<double>());
+  return std::fabs(l - std::round(l)) < 1e-9;
+}
+
+}  // namespace
+
+const Experiment& softmax_experiment() {
+  static const Experiment e{
+      "softmax",
+      "C1, C2: softmax([1000, 10, 5]), its Jacobian, the naive formula overflowing",
+      run_softmax,
+      {{"article",
+        "one per position i of x = [1000, 10, 5]",
+        {{"i", Kind::integer, "", "position in x"},
+         {"logit", Kind::number, "", "x_i"},
+         {"probability", Kind::number, "",
+          "stable softmax in float64 (`e^-990` underflows to 0, hence the log columns)"},
+         {"log_probability", Kind::number, "nats", "ln p_i, exact from the log-sum-exp"},
+         {"log10_probability", Kind::number, "decades", "log10 p_i"},
+         {"naive_float16", Kind::number, "",
+          "the naive `exp(x)/Σexp(x)` computed in float16: `\"nan\"` where `exp` overflowed"},
+         {"naive_bfloat16", Kind::number, "", "the same in bfloat16"},
+         {"naive_float32", Kind::number, "", "the same in float32"},
+         {"naive_float64", Kind::number, "", "the same in float64"},
+         {"log10_jacobian_row_norm", Kind::number, "decades",
+          "log10 of the Euclidean norm of row i of `diag(p) − p pᵀ`: how much gradient can reach "
+          "logit i, exact from the log-probabilities"}}},
+       {"article_jacobian",
+        "one per entry (i, j) of the Jacobian of the article's row",
+        {{"i", Kind::integer, "", "row"},
+         {"j", Kind::integer, "", "column"},
+         {"value", Kind::number, "", "J_ij from `sdpa::softmax_backward` in float64"},
+         {"log10_abs_exact", Kind::number, "decades",
+          "log10 `|J_ij|` from the log-probabilities; `\"-inf\"` for an exact 0"}}},
+       {"overflow",
+        "one per format",
+        {{"format", Kind::text, "", "`float16`, `bfloat16`, `float32`, `float64`"},
+         {"max_finite", Kind::number, "", "the largest finite value of the format"},
+         {"ln_max", Kind::number, "",
+          "theory: `exp` overflows past `ln(max_finite)` (11.09, 88.72, 88.72, 709.78)"},
+         {"exp_overflow_measured", Kind::number, "",
+          "the smallest x of that format whose exp, rounded to the format, is infinite"},
+         {"naive_article_p0", Kind::number, "",
+          "the naive softmax of the article's row in that format, first entry"}}},
+       {"sweep",
+        "one per (logits, c)",
+        {{"logits", Kind::text, "",
+          "`\"article\"` for `[1000, 10, 5]`, `\"normal-64\"` for 64 standard-normal logits"},
+         {"c", Kind::number, "", "the multiplier of the logits"},
+         {"entropy", Kind::number, "nats", "entropy of softmax(c·x)"},
+         {"normalized_entropy", Kind::number, "", "`entropy/ln N`: 1 is uniform, 0 one-hot"},
+         {"max_prob", Kind::number, "", "the largest probability"},
+         {"effective_support", Kind::number, "keys", "`exp(entropy)`"},
+         {"jacobian_norm", Kind::number, "",
+          "Frobenius norm of `diag(p) − p pᵀ`, built column by column with "
+          "`sdpa::softmax_backward`"}}}},
+      {{"article",
+        {"i", "logit", "probability", "log10_probability", "naive_float16", "naive_float32",
+         "naive_float64", "log10_jacobian_row_norm"},
+        nullptr},
+       {"overflow",
+        {"format", "max_finite", "ln_max", "exp_overflow_measured", "naive_article_p0"},
+        nullptr},
+       {"sweep",
+        {"logits", "c", "entropy", "normalized_entropy", "max_prob", "effective_support",
+         "jacobian_norm"},
+        is_decade}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

@@ -9,6 +9,7 @@
 #include "lab/experiments.h"
 #include "lab/probe.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 
 namespace sdpa::lab {
 
@@ -32,15 +33,16 @@ json run_temperature(const LabOptions& options) {
   std::string claim7_measure, claim1_measure;
   Verdict v1, v7;
   for (int d : ds) {
-    const ProbeInputs in = make_probe_inputs(options.seed, 0x7E4, d, n, rows, options.threads);
+    const ProbeInputs in =
+        make_probe_inputs(options.seed, streams::kTemperature, d, n, rows, options.threads);
     std::vector<ProbeResult> res;
     for (double c : cs) {
       res.push_back(probe(in, c / std::sqrt(static_cast<double>(d)), options.threads));
       progress.advance();
     }
-    const double dead_q = 1e-3 * quantile(res[c1].grad_q, 0.5);
-    const double dead_k = 1e-3 * quantile(res[c1].grad_k, 0.5);
-    const double dead_s = 1e-3 * quantile(res[c1].grad_logits, 0.5);
+    const double dead_q = kDeadFactor * quantile(res[c1].grad_q, 0.5);
+    const double dead_k = kDeadFactor * quantile(res[c1].grad_k, 0.5);
+    const double dead_s = kDeadFactor * quantile(res[c1].grad_logits, 0.5);
     double peak = 0, c_peak = 0, s_peak = 0, c_s_peak = 0;
     for (std::size_t k = 0; k < cs.size(); ++k) {
       const ProbeResult& r = res[k];
@@ -114,6 +116,51 @@ json run_temperature(const LabOptions& options) {
       "Stable means few dead rows and a short tail. The largest median gradient is not at c = 1 "
       "but where softmax starts to sharpen: 1/sqrt(d) sits on the soft side of the useful range."));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+namespace {
+
+bool is_decade(const json& row) {
+  const double l = std::log10(row["c"].get<double>());
+  return std::fabs(l - std::round(l)) < 1e-9;
+}
+
+}  // namespace
+
+const Experiment& temperature_experiment() {
+  auto columns = [] {
+    std::vector<Column> c = {
+        {"d", Kind::integer, "", "dimension of q and k (64; full: also 256)"},
+        {"n_keys", Kind::integer, "", "N = 128"},
+        {"rows", Kind::integer, "", "query rows measured"},
+        {"c", Kind::number, "",
+         "the multiplier, log-spaced from 1e-3 to 1e2 (quick 4 per decade, full 8)"},
+        {"scale_value", Kind::number, "", "`c/sqrt(d)`"},
+        {"entropy", Kind::number, "nats", "mean over rows"},
+        {"normalized_entropy", Kind::number, "", "`entropy/ln N`"},
+        {"max_prob", Kind::number, "", "largest probability, mean over rows"},
+        {"effective_support", Kind::number, "keys", "`exp(entropy)`"},
+        {"jacobian_norm", Kind::number, "", "mean Frobenius norm of `diag(p) − p pᵀ`"},
+        {"output_diversity", Kind::number, "",
+         "the variance across queries of the attention output divided by the variance of V's "
+         "entries (0 when attention is uniform: every query gets the same output; near 1 when "
+         "one-hot)"}};
+    for (auto& g : gradient_columns("c = 1 at the same d")) c.push_back(g);
+    return c;
+  };
+  static const Experiment e{
+      "temperature",
+      "C1, C7: softmax(c QK^T/sqrt(d)) for c = 1e-3..1e2, where the gradient peaks",
+      run_temperature,
+      {{"temperature", "one per (d, c)", columns()}},
+      {{"temperature",
+        {"d", "c", "entropy", "max_prob", "jacobian_norm", "grad_q_norm", "grad_q_p99",
+         "grad_q_dead", "grad_logits_norm", "output_diversity"},
+        is_decade}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

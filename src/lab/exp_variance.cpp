@@ -12,6 +12,7 @@
 #include "lab/random.h"
 #include "lab/sampling.h"
 #include "lab/stats.h"
+#include "lab/streams.h"
 
 namespace sdpa::lab {
 namespace {
@@ -100,7 +101,7 @@ json run_variance(const LabOptions& options) {
       const int row = static_cast<int>(item / blocks), blk = static_cast<int>(item % blocks);
       const Dist dist = kAllDists[row / ds.size()];
       const int d = ds[row % ds.size()];
-      Stream s(options.seed, stream_id({0x7A41, static_cast<std::uint64_t>(row),
+      Stream s(options.seed, stream_id({streams::kVariance, static_cast<std::uint64_t>(row),
                                         static_cast<std::uint64_t>(blk)}));
       for (int t = 0; t < kBlock; ++t) {
         double dot = 0;
@@ -115,7 +116,7 @@ json run_variance(const LabOptions& options) {
       const int cs = static_cast<int>(rest / nr_blocks), blk = static_cast<int>(rest % nr_blocks);
       const NonIid& c = kCases[cs / std::size(kNonIidD)];
       const int d = kNonIidD[cs % std::size(kNonIidD)];
-      Stream s(options.seed, stream_id({0x7A42, static_cast<std::uint64_t>(cs),
+      Stream s(options.seed, stream_id({streams::kVarianceNonIid, static_cast<std::uint64_t>(cs),
                                         static_cast<std::uint64_t>(blk)}));
       std::vector<double> q(d), k(d), scores(kKeysPerRow);
       for (int t = 0; t < kBlock; ++t) {
@@ -243,6 +244,91 @@ json run_variance(const LabOptions& options) {
       "Var(cX) = c^2 Var(X) is exact; the measurement checks the premise Var(q.k) = d at every "
       "d."));
   return result;
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+namespace {
+
+bool is_key_d(const json& row) {
+  const int d = row["d"].get<int>();
+  return d == 1 || d == 16 || d == 512 || d == 4096;
+}
+
+Column ci(const std::string& name, const std::string& of, const char* end) {
+  return {name, Kind::number, "", fmt::format("95% confidence interval of {}, {} end", of, end)};
+}
+
+}  // namespace
+
+const Experiment& variance_experiment() {
+  static const Experiment e{
+      "variance",
+      "C3-C6: mean and variance of q.k, d = 1..4096, five distributions, non-iid",
+      run_variance,
+      {{"variance",
+        "one per (distribution, d), d = 1, 2, 4, …, 4096",
+        {{"distribution", Kind::text, "",
+          "`normal`, `uniform`, `rademacher`, `laplace`, `student-t5` (each scaled to mean 0, "
+          "variance 1)"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"samples", Kind::integer, "", "independent (q, k) pairs"},
+         {"mean", Kind::number, "", "sample mean of q·k (theory 0)"},
+         ci("mean_ci_low", "the mean", "low"),
+         ci("mean_ci_high", "the mean", "high"),
+         {"variance", Kind::number, "", "sample variance of q·k (theory d)"},
+         ci("variance_ci_low", "the variance", "low"),
+         ci("variance_ci_high", "the variance", "high"),
+         {"theory_variance", Kind::number, "", "d"},
+         {"scaled_variance", Kind::number, "", "`variance/d`: the variance of q·k/√d (theory 1)"},
+         ci("scaled_variance_ci_low", "the scaled variance", "low"),
+         ci("scaled_variance_ci_high", "the scaled variance", "high"),
+         {"mean_covered", Kind::boolean, "", "0 lies inside the mean's interval"},
+         {"variance_covered", Kind::boolean, "", "d lies inside the variance's interval"},
+         {"kurtosis", Kind::number, "", "sample kurtosis of q·k"}}},
+       {"variance_noniid",
+        "one per (case, parameter, d): what the article assumes away, against its closed form",
+        {{"case", Kind::text, "",
+          "`mean_q` (q has mean `parameter` in every component), `mean_k` (k has that mean), "
+          "`corr_qk` (correlation ρ between q_i and k_i), `corr_dims` (correlation r between "
+          "every two components of q, and of k)"},
+         {"parameter", Kind::number, "", "the mean m, ρ or r of the case"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"samples", Kind::integer, "", "independent (q, k) pairs"},
+         {"mean", Kind::number, "", "sample mean of q·k"},
+         ci("mean_ci_low", "the mean", "low"),
+         ci("mean_ci_high", "the mean", "high"),
+         {"theory_mean", Kind::number, "", "closed form: 0, or `dρ` for `corr_qk`"},
+         {"variance", Kind::number, "", "sample variance of q·k over all pairs"},
+         ci("variance_ci_low", "the variance", "low"),
+         ci("variance_ci_high", "the variance", "high"),
+         {"theory_variance", Kind::number, "",
+          "closed form: `d(1 + m²)` (mean cases), `d(1 + ρ²)`, `d(1 − r²) + r²d²`"},
+         {"within_row_variance", Kind::number, "",
+          "the variance of the scores of one query against many keys, averaged over queries: "
+          "what softmax sees"},
+         ci("within_row_ci_low", "the within-row variance", "low"),
+         ci("within_row_ci_high", "the within-row variance", "high"),
+         {"within_row_theory", Kind::number, "",
+          "closed form: `d(1 + m²)` for `mean_q`, `d` for `mean_k` (softmax ignores a shift of "
+          "the whole row), `d(1 − ρ²)`, `d(1 − r²) + r²d²`"},
+         {"mean_covered", Kind::boolean, "", "the theory lies inside the mean's interval"},
+         {"variance_covered", Kind::boolean, "", "the theory lies inside the variance's interval"},
+         {"within_row_covered", Kind::boolean, "",
+          "the theory lies inside the within-row interval"},
+         {"right_scale_ratio", Kind::number, "",
+          "`sqrt(d / within_row_theory)`: the right normaliser divided by `1/sqrt(d)` (1: "
+          "`1/sqrt(d)` is right)"}}}},
+      {{"variance",
+        {"distribution", "d", "mean", "mean_ci_low", "mean_ci_high", "variance", "variance_ci_low",
+         "variance_ci_high", "scaled_variance", "variance_covered"},
+        is_key_d},
+       {"variance_noniid",
+        {"case", "parameter", "d", "mean", "theory_mean", "variance", "theory_variance",
+         "within_row_variance", "within_row_theory", "right_scale_ratio"},
+        nullptr}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

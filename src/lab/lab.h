@@ -1,4 +1,4 @@
-// The lab: experiments that turn the article's claims (shared/seed/CLAIMS.md, C1-C8) into
+// The lab: experiments that turn the article's claims (lab/claims.h, C1-C8) into
 // measurements. Every experiment returns one JSON object of the common form
 //
 //   {"experiment": "variance", "seed": 1, "mode": "quick", "lang": "en", "seconds": 2.1,
@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "lab/schema.h"
+
 namespace sdpa::lab {
 
 using json = nlohmann::json;
@@ -38,11 +40,15 @@ struct LabOptions {
   bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a tty)
 };
 
-/// An experiment: its name (part of the interface), a one-line summary, and its runner.
+/// An experiment: its name (part of the interface), a one-line summary, its runner, its result
+/// tables (declared once, lab/schema.h) and what `sdpa lab` prints of them. Each experiment's
+/// file defines one (softmax_experiment() in exp_softmax.cpp, ...).
 struct Experiment {
   std::string name;
   std::string summary;
   std::function<json(const LabOptions&)> run;
+  std::vector<Table> tables;
+  std::vector<View> views;
 };
 
 /// Every experiment, in the order `sdpa lab list` shows them (train last).

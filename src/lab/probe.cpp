@@ -1,5 +1,6 @@
 #include "lab/probe.h"
 
+#include <cassert>
 #include <cmath>
 
 #include "lab/common.h"
@@ -54,6 +55,9 @@ ProbeInputs make_probe_inputs(std::uint64_t seed, std::uint64_t tag, int d, int 
 
 ProbeResult probe(const ProbeInputs& in, double scale, int threads, bool keep_logits) {
   const int d = in.d, n = in.n_keys, rows = in.rows;
+  // The layout make_probe_inputs() gives: one batch of rows x d queries, n_keys x d keys.
+  assert(in.q.numel() == std::int64_t{rows} * d && in.dout.numel() == std::int64_t{rows} * d);
+  assert(in.k.numel() == std::int64_t{n} * d && in.v.numel() == std::int64_t{n} * d);
   ProbeResult r;
   r.entropy.resize(rows);
   r.max_prob.resize(rows);

@@ -3,94 +3,11 @@
 
 #include <cmath>
 #include <functional>
-#include <map>
 
 #include "lab/lab.h"
 
 namespace sdpa::lab {
 namespace {
-
-struct View {
-  std::string table;
-  std::vector<std::string> columns;
-  std::function<bool(const json&)> keep;  // null: every row
-};
-
-bool is_decade(double c) {
-  const double l = std::log10(c);
-  return std::fabs(l - std::round(l)) < 1e-9;
-}
-
-bool in(int v, std::initializer_list<int> set) {
-  for (int s : set) {
-    if (v == s) return true;
-  }
-  return false;
-}
-
-const std::map<std::string, std::vector<View>>& views() {
-  static const std::map<std::string, std::vector<View>> v = {
-      {"softmax",
-       {{"article",
-         {"i", "logit", "probability", "log10_probability", "naive_float16", "naive_float32",
-          "naive_float64", "log10_jacobian_row_norm"},
-         nullptr},
-        {"overflow",
-         {"format", "max_finite", "ln_max", "exp_overflow_measured", "naive_article_p0"},
-         nullptr},
-        {"sweep",
-         {"logits", "c", "entropy", "normalized_entropy", "max_prob", "effective_support",
-          "jacobian_norm"},
-         [](const json& r) { return is_decade(r["c"].get<double>()); }}}},
-      {"derive",
-       {{"derive",
-         {"distribution", "term", "theory", "estimate", "ci_low", "ci_high", "covered"},
-         nullptr}}},
-      {"variance",
-       {{"variance",
-         {"distribution", "d", "mean", "mean_ci_low", "mean_ci_high", "variance", "variance_ci_low",
-          "variance_ci_high", "scaled_variance", "variance_covered"},
-         [](const json& r) {
-           return in(r["d"].get<int>(), {1, 16, 512, 4096});
-         }},
-        {"variance_noniid",
-         {"case", "parameter", "d", "mean", "theory_mean", "variance", "theory_variance",
-          "within_row_variance", "within_row_theory", "right_scale_ratio"},
-         nullptr}}},
-      {"saturation",
-       {{"saturation",
-         {"d", "n_keys", "scale", "entropy", "entropy_theory", "regime", "max_prob", "grad_q_norm",
-          "grad_q_mean", "grad_q_p99", "grad_q_dead", "grad_logits_dead"},
-         [](const json& r) { return r["n_keys"].get<int>() == 1024; }},
-        {"freezing", {"n_keys", "freezing_d", "freezing_s", "parted_s", "parted_d"}, nullptr}}},
-      {"temperature",
-       {{"temperature",
-         {"d", "c", "entropy", "max_prob", "jacobian_norm", "grad_q_norm", "grad_q_p99",
-          "grad_q_dead", "grad_logits_norm", "output_diversity"},
-         [](const json& r) { return is_decade(r["c"].get<double>()); }}}},
-      // C8, from docs/train.md (its curves table is for plots, too long to print).
-      {"train",
-       {{"summary",
-         {"scale", "d", "best_accuracy", "best_lr", "steps_to_acc90", "lrs_reaching_90", "n_lrs",
-          "lr_sensitivity", "init_entropy", "init_grad_norm_wq", "diverged"},
-         nullptr},
-        {"runs",
-         {"scale", "d", "lr", "final_loss", "final_accuracy", "diverged", "steps_to_acc90"},
-         nullptr}}},
-      {"precision",
-       {{"precision",
-         {"format", "scale", "logit_rms", "logit_rounding_rms", "prob_rel_error_rms",
-          "effective_bits", "bits_lost", "bits_lost_theory"},
-         nullptr},
-        {"naive_nan",
-         {"format", "scale", "d", "nan_fraction", "max_logit_median", "ln_max",
-          "theory_d_threshold"},
-         [](const json& r) {
-           return in(r["d"].get<int>(), {16, 64, 512, 4096});
-         }}}},
-  };
-  return v;
-}
 
 std::string cell(const json& v) {
   if (v.is_null()) return "-";
@@ -186,9 +103,12 @@ std::string render_text(const json& result, Lang lang) {
   }
   if (!result.contains("tables")) return out;
   const auto& tables = result["tables"];
-  const auto it = views().find(name);
-  if (it != views().end()) {
-    for (const auto& v : it->second) {
+  const Experiment* e = nullptr;
+  for (const auto& candidate : experiments()) {
+    if (candidate.name == name) e = &candidate;
+  }
+  if (e) {
+    for (const auto& v : e->views) {
       if (tables.contains(v.table))
         render_table(out, v.table, tables[v.table], v.columns, v.keep, 64);
     }

@@ -1,6 +1,7 @@
 #include "lab/stats.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 #include "sdpa/sdpa.h"
@@ -64,6 +65,7 @@ Interval variance_ci(std::span<const double> x, double z) {
 
 double quantile(std::vector<double> x, double q) {
   if (x.empty()) throw Error("lab statistics: a quantile needs at least one sample");
+  assert(q >= 0 && q <= 1);
   const double pos = q * static_cast<double>(x.size() - 1);
   const auto lo = static_cast<std::size_t>(std::floor(pos));
   const std::size_t hi = std::min(lo + 1, x.size() - 1);
@@ -86,13 +88,20 @@ NormStats norm_stats(std::span<const double> norms, double dead_threshold) {
   return s;
 }
 
-double entropy(std::span<const double> p) {
+namespace {
+template <class T>
+double entropy_of(std::span<const T> p) {
   double h = 0;
-  for (double v : p) {
+  for (T x : p) {
+    const double v = x;
     if (v > 0) h -= v * std::log(v);
   }
   return h;
 }
+}  // namespace
+
+double entropy(std::span<const double> p) { return entropy_of(p); }
+double entropy(std::span<const float> p) { return entropy_of(p); }
 
 double jacobian_frobenius(std::span<const double> p) {
   double s2 = 0, s3 = 0;

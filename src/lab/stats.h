@@ -49,6 +49,7 @@ NormStats norm_stats(std::span<const double> norms, double dead_threshold);
 /// Frobenius norm of the Jacobian diag(p) - p p^T, in closed form:
 /// ||J||_F^2 = sum p^2 - 2 sum p^3 + (sum p^2)^2.
 double entropy(std::span<const double> p);
+double entropy(std::span<const float> p);  // the same sum, each p_i widened to double
 double jacobian_frobenius(std::span<const double> p);
 
 }  // namespace sdpa::lab

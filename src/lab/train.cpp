@@ -11,8 +11,11 @@
 #include <mutex>
 #include <thread>
 
+#include "lab/claims.h"
+#include "lab/common.h"
 #include "lab/lab.h"
 #include "lab/random.h"
+#include "lab/streams.h"
 #include "lab/train_run.h"
 #include "sdpa/sdpa.h"
 
@@ -20,10 +23,9 @@ namespace sdpa::lab {
 namespace train {
 namespace {
 
-// Stream ids: one namespace per purpose so that no two draws share a stream.
-constexpr std::uint64_t kInitStream = 1ULL << 40;   // + d: the initial parameters
-constexpr std::uint64_t kBatchStream = 2ULL << 40;  // + step: training batch `step`
-constexpr std::uint64_t kEvalStream = 3ULL << 40;   // the evaluation set
+constexpr std::uint64_t kInitStream = streams::kTrainInit;
+constexpr std::uint64_t kBatchStream = streams::kTrainBatch;
+constexpr std::uint64_t kEvalStream = streams::kTrainEval;
 
 std::vector<double> log_spaced(double lo_exp10, double hi_exp10, int n) {
   std::vector<double> r;
@@ -50,7 +52,7 @@ TrainConfig config_for(Mode mode) {
     c.steps = 400;
     c.eval_every = 20;
   } else {
-    // 512 is the article's own example (C5), beyond the issue's {16, 64, 256}.
+    // 512 is the article's own example (C5), beside the smaller 16, 64, 256.
     c.ds = {16, 64, 256, 512};
     c.lrs = log_spaced(-4.0, -1.0, 7);  // 7 rates over three decades
     c.steps = 1000;
@@ -198,16 +200,6 @@ json summary_json(const SummaryRow& r) {
   return j;
 }
 
-std::string claim_text(Lang lang) {
-  if (lang == Lang::zh) {
-    // The article's own words (sections 1 and 4), joined.
-    return "如果不进行缩放，数值过大会导致 Softmax 陷入饱和区，引发梯度消失；梯度几乎无法传播到"
-           "非最大值的位置，整个网络在这个节点上就“卡死”了，模型几乎无法学习。";
-  }
-  return "Without the 1/sqrt(d) scaling, softmax saturates, almost no gradient reaches the "
-         "non-maximal positions, the network \"gets stuck\" at that point and can hardly learn.";
-}
-
 std::string theory_text(Lang lang) {
   if (lang == Lang::zh) {
     return "初始化时 q、k 每个分量方差为 1，q·k 的方差为 d：不缩放时注意力分数的标准差为 "
@@ -246,9 +238,9 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
 
   std::vector<RunResult> results(jobs.size());
   std::atomic<std::size_t> next{0};
-  std::size_t done = 0;
   std::mutex mutex;
   std::exception_ptr error;
+  Progress bar(options.progress, "lab train", static_cast<std::int64_t>(order.size()));
   const int workers =
       std::max(1, std::min(resolve_threads(options.threads), static_cast<int>(jobs.size())));
   auto worker = [&] {
@@ -265,16 +257,7 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
         next = order.size();
         return;
       }
-      const std::lock_guard<std::mutex> lock(mutex);
-      ++done;
-      if (options.progress) {
-        constexpr int kWidth = 30;
-        const int filled = static_cast<int>(kWidth * done / order.size());
-        std::fprintf(stderr, "\rlab train [%s%s] %zu/%zu runs", std::string(filled, '#').c_str(),
-                     std::string(kWidth - filled, ' ').c_str(), done, order.size());
-        if (done == order.size()) std::fprintf(stderr, "\n");
-        std::fflush(stderr);
-      }
+      bar.advance();
     }
   };
   std::vector<std::thread> pool;
@@ -325,7 +308,9 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
 
   const Verdict v = judge_c8(rows, {config.task.pairs, config.steps}, options.lang);
   json claim = {{"id", "C8"},
-                {"claim", claim_text(options.lang)},
+                {"claim", claim_text("C8", options.lang)},
+                {"claim_en", claim_text("C8", Lang::en)},
+                {"claim_zh", claim_text("C8", Lang::zh)},
                 {"theory", theory_text(options.lang)},
                 {"measurement", v.measurement},
                 {"verdict", v.verdict},
@@ -350,7 +335,7 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return {{"experiment", "train"},
           {"seed", options.seed},
-          {"mode", options.mode == Mode::quick ? "quick" : "full"},
+          {"mode", mode_name(options.mode)},
           {"seconds", seconds},
           {"config", cfg},
           {"claims", json::array({claim})},
@@ -361,6 +346,84 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
 
 json run_train(const LabOptions& options) {
   return train::run_experiment(train::config_for(options.mode), options);
+}
+
+}  // namespace sdpa::lab
+
+namespace sdpa::lab {
+
+const Experiment& train_experiment() {
+  const Column scale{"scale", Kind::text, "", "`\"1\"`, `\"1/sqrt(d)\"`, `\"1/d\"`, `\"qk-norm\"`"};
+  const Column d{"d", Kind::integer, "", "head dimension"};
+  const Column lr{"lr", Kind::number, "", "Adam learning rate"};
+  // A diverged run writes its non-finite values as null.
+  static const Experiment e{
+      "train",
+      "C8: small attention models trained with scale 1, 1/sqrt(d), 1/d",
+      run_train,
+      {{"curves",
+        "one per (scale, d, lr, checkpoint), every `config.eval_every` steps from step 0",
+        {scale,
+         d,
+         lr,
+         {"step", Kind::integer, "steps", "optimizer steps done"},
+         {"loss", Kind::number, "nats", "cross-entropy on the evaluation set", true},
+         {"accuracy", Kind::number, "", "fraction of the evaluation set answered correctly"},
+         {"train_loss", Kind::number, "nats",
+          "mean training-batch loss over the steps since the previous checkpoint (step 0: the "
+          "loss of the first batch)",
+          true},
+         {"entropy", Kind::number, "nats",
+          "mean attention entropy of the query rows of the evaluation set", true},
+         {"max_logit", Kind::number, "", "the largest `|scale·q·k|` over the evaluation set", true},
+         {"grad_norm_wq", Kind::number, "",
+          "Frobenius norm of the gradient of the batch loss with respect to `W_q` (before the "
+          "update)",
+          true},
+         {"grad_norm_wk", Kind::number, "", "the same for `W_k`", true},
+         {"temperature", Kind::number, "",
+          "the effective scale: the constant for the fixed scales, `tau` for qk-norm", true}}},
+       {"runs",
+        "one per (scale, d, lr)",
+        {scale,
+         d,
+         lr,
+         {"final_loss", Kind::number, "nats",
+          "evaluation loss at the end (a diverged run: its last finite checkpoint)", true},
+         {"final_accuracy", Kind::number, "", "evaluation accuracy at the end"},
+         {"diverged", Kind::boolean, "", "the loss became NaN or infinite"},
+         {"steps_to_acc90", Kind::integer, "steps",
+          "first checkpoint step with accuracy ≥ 0.90, or null", true}}},
+       {"summary",
+        "one per (scale, d)",
+        {scale,
+         d,
+         {"best_accuracy", Kind::number, "", "the best final accuracy over the learning rates"},
+         {"best_lr", Kind::number, "", "the rate that gave it (ties: the lower final loss)"},
+         {"steps_to_90", Kind::integer, "steps",
+          "for the best-lr run: first checkpoint step with accuracy ≥ 0.9 × `best_accuracy`", true},
+         {"steps_to_acc90", Kind::integer, "steps",
+          "the fewest steps, over all rates, to reach accuracy ≥ 0.90; null if no rate does", true},
+         {"lrs_reaching_90", Kind::integer, "", "rates that end with accuracy ≥ 0.90"},
+         {"n_lrs", Kind::integer, "", "rates in the sweep"},
+         {"lr_sensitivity", Kind::number, "nats",
+          "mean over the rates of (final loss − best final loss), a final loss capped at "
+          "`ln(n_values)`"},
+         {"best_final_loss", Kind::number, "nats", "the best final evaluation loss", true},
+         {"init_entropy", Kind::number, "nats", "attention entropy at step 0", true},
+         {"init_max_logit", Kind::number, "", "largest logit at step 0", true},
+         {"init_grad_norm_wq", Kind::number, "", "gradient norm of `W_q` at step 0", true},
+         {"init_grad_norm_wk", Kind::number, "", "gradient norm of `W_k` at step 0", true},
+         {"diverged", Kind::integer, "", "rates whose run diverged"}}}},
+      // Its curves table is for plots, too long to print.
+      {{"summary",
+        {"scale", "d", "best_accuracy", "best_lr", "steps_to_acc90", "lrs_reaching_90", "n_lrs",
+         "lr_sensitivity", "init_entropy", "init_grad_norm_wq", "diverged"},
+        nullptr},
+       {"runs",
+        {"scale", "d", "lr", "final_loss", "final_accuracy", "diverged", "steps_to_acc90"},
+        nullptr}}};
+  return e;
 }
 
 }  // namespace sdpa::lab

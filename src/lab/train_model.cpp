@@ -6,34 +6,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "lab/stats.h"
+
 namespace sdpa::lab::train {
-
-const char* scale_name(ScaleKind kind) {
-  switch (kind) {
-    case ScaleKind::one:
-      return "1";
-    case ScaleKind::inv_sqrt_d:
-      return "1/sqrt(d)";
-    case ScaleKind::inv_d:
-      return "1/d";
-    case ScaleKind::qk_norm:
-      return "qk-norm";
-  }
-  return "?";
-}
-
-double scale_value(ScaleKind kind, int d) {
-  switch (kind) {
-    case ScaleKind::one:
-      return 1.0;
-    case ScaleKind::inv_sqrt_d:
-    case ScaleKind::qk_norm:
-      return 1.0 / std::sqrt(static_cast<double>(d));
-    case ScaleKind::inv_d:
-      return 1.0 / d;
-  }
-  return 1.0;
-}
 
 Batch make_batch(const TaskSpec& task, int size, Stream& stream) {
   Batch b;
@@ -271,11 +246,7 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
         max_logit = std::max(max_logit, std::fabs(scale * dot));
       }
       softmax<T>(std::span<const T>(ws.row.data(), P), std::span<T>(ws.row2.data(), P));
-      double h = 0;
-      for (std::size_t i = 0; i < P; ++i) {
-        if (ws.row2[i] > 0) h -= double(ws.row2[i]) * std::log(double(ws.row2[i]));
-      }
-      entropy += h;
+      entropy += lab::entropy(std::span<const T>(ws.row2.data(), P));
     }
     st.entropy = entropy / double(B);
     st.max_logit = max_logit;

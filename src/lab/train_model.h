@@ -17,17 +17,14 @@
 #include <vector>
 
 #include "lab/random.h"
+#include "lab/scales.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab::train {
 
-enum class ScaleKind { one, inv_sqrt_d, inv_d, qk_norm };
-
-/// "1", "1/sqrt(d)", "1/d", "qk-norm" (the `scale` column of the tables).
-const char* scale_name(ScaleKind kind);
-
-/// The fixed scale of a variant (qk_norm: the initial temperature sqrt(d)).
-double scale_value(ScaleKind kind, int d);
+/// The variants trained: Scale::one, inv_sqrt_d, inv_d and qk_norm (lab/scales.h gives their
+/// names and fixed values; qk_norm's value is the initial temperature).
+using ScaleKind = Scale;
 
 struct TaskSpec {
   int n_keys = 32;

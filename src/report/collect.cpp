@@ -9,28 +9,20 @@
 #include <fstream>
 #include <sstream>
 
+#include "bench/bench.h"
+#include "lab/lab.h"
 #include "lab/random.h"
+#include "lab/streams.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
-
-#ifdef SDPA_REPORT_HAS_LAB
-#include "lab/lab.h"
-#endif
-#ifdef SDPA_REPORT_HAS_BENCH
-#include "bench/bench.h"
-#endif
 
 namespace sdpa::report {
 namespace fs = std::filesystem;
 
 std::vector<std::string> lab_experiment_names() {
-#ifdef SDPA_REPORT_HAS_LAB
   std::vector<std::string> names;
   for (const auto& e : lab::experiments()) names.push_back(e.name);
   return names;
-#else
-  return {"softmax", "derive", "variance", "saturation", "temperature", "precision", "train"};
-#endif
 }
 
 namespace {
@@ -46,8 +38,8 @@ json read_json_file(const fs::path& path) {
 }
 
 // Benchmark shapes. Quick: L = S = 1024 (2.1 GFLOP per forward at E = 64, tens of ms even for
-// the naive baseline), so the whole benchmark stays within a few seconds. Full: the shapes of
-// the kernel's targets (issue 3), L = S = 4096.
+// the naive baseline), so the whole benchmark stays within a few seconds. Full:
+// the kernel's target shapes, L = S = 4096.
 struct Shape {
   std::string label;
   std::int64_t heads, seq, dim;
@@ -55,7 +47,7 @@ struct Shape {
   bool backward;
 };
 
-[[maybe_unused]] std::vector<Shape> bench_shapes(Mode mode) {
+std::vector<Shape> bench_shapes(Mode mode) {
   const std::int64_t n = mode == Mode::quick ? 1024 : 4096;
   return {{"fwd E=64", 8, n, 64, Causal::none, false},
           {"fwd E=128", 8, n, 128, Causal::none, false},
@@ -63,7 +55,6 @@ struct Shape {
           {"bwd E=64", 8, n, 64, Causal::none, true}};
 }
 
-#ifdef SDPA_REPORT_HAS_BENCH
 json run_benchmarks(const ReportOptions& options, const Progress& progress) {
   json rows = json::array();
   for (const Shape& s : bench_shapes(options.mode)) {
@@ -85,7 +76,6 @@ json run_benchmarks(const ReportOptions& options, const Progress& progress) {
   }
   return rows;
 }
-#endif
 
 double max_abs(const Array& a) {
   double m = 0;
@@ -124,7 +114,7 @@ json measure_accuracy(std::uint64_t seed, int threads) {
   const std::vector<std::int64_t> qs = {1, 4, 512, 64};
   auto fill = [&](std::uint64_t stream) {
     Array a(DType::float32, qs);
-    lab::Stream rng(seed, 0x5eed0000ull + stream);
+    lab::Stream rng(seed, lab::streams::kAccuracy + stream);
     for (std::int64_t i = 0; i < a.numel(); ++i) a.data_as<float>()[i] = float(rng.normal());
     return a;
   };
@@ -193,11 +183,10 @@ Inputs collect(const ReportOptions& options, const Progress& progress) {
     }
     return in;
   }
-#ifdef SDPA_REPORT_HAS_LAB
   lab::LabOptions lo;
   lo.seed = options.seed;
-  lo.mode = options.mode == Mode::quick ? lab::Mode::quick : lab::Mode::full;
-  lo.lang = options.lang == Lang::zh ? lab::Lang::zh : lab::Lang::en;
+  lo.mode = options.mode;
+  lo.lang = options.lang;
   lo.threads = options.threads;
   lo.progress = options.progress;
   for (const auto& e : lab::experiments()) {
@@ -208,21 +197,12 @@ Inputs collect(const ReportOptions& options, const Progress& progress) {
       in.missing[e.name] = fmt::format("the experiment stopped with: {}", ex.what());
     }
   }
-#else
-  for (const auto& name : in.experiment_order) {
-    in.missing[name] = "this build of sdpa has no lab (src/lab was not built)";
-  }
-#endif
   json bench = json::object();
-#ifdef SDPA_REPORT_HAS_BENCH
   try {
     bench["rows"] = run_benchmarks(options, progress);
   } catch (const std::exception& ex) {
     in.bench_missing = fmt::format("the benchmark stopped with: {}", ex.what());
   }
-#else
-  in.bench_missing = "this build of sdpa has no benchmark (src/bench was not built)";
-#endif
   progress("accuracy against the float64 reference");
   bench["accuracy"] = measure_accuracy(options.seed, options.threads);
   in.bench = std::move(bench);

@@ -19,12 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "lab/lab.h"
+
 namespace sdpa::report {
 
 using json = nlohmann::json;
 
-enum class Mode { quick, full };
-enum class Lang { en, zh };
+// The lab's: one definition of the run's mode and the page's language.
+using Mode = lab::Mode;
+using Lang = lab::Lang;
 
 struct ReportOptions {
   std::filesystem::path out = "report";
