@@ -6,6 +6,9 @@
 #include <set>
 
 #include "commands.h"
+#ifdef SDPA_HAS_MPI
+#include "cmd_context_parallel.h"
+#endif
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -18,6 +21,9 @@ struct AttentionArgs {
   bool enable_gqa = false;
   int threads = 0;
   std::string grad_output, grad_query, grad_key, grad_value;
+#ifdef SDPA_HAS_MPI
+  ContextParallelCall context_parallel;
+#endif
 };
 
 std::string canonical(const std::string& path) {
@@ -78,6 +84,13 @@ void run(const AttentionArgs& a) {
   options.impl = parse_impl(a.impl);
   options.threads = a.threads;
   resolve_threads(options.threads);  // reject bad counts before reading anything
+#ifdef SDPA_HAS_MPI
+  if (!a.context_parallel.strategy.empty()) {
+    return run_context_parallel_attention({a.query, a.key, a.value, a.mask, a.out, a.lse,
+                                           a.grad_output, a.grad_query, a.grad_key, a.grad_value},
+                                          options, a.context_parallel);
+  }
+#endif
 
   const Array q = read_npy(a.query);
   const Array k = read_npy(a.key);
@@ -152,6 +165,9 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--grad-query", args->grad_query, "write dL/dquery here");
   cmd->add_option("--grad-key", args->grad_key, "write dL/dkey here");
   cmd->add_option("--grad-value", args->grad_value, "write dL/dvalue here");
+#ifdef SDPA_HAS_MPI
+  add_context_parallel_options(cmd, args->context_parallel);
+#endif
   cmd->callback([args] { run(*args); });
 }
 

@@ -7,6 +7,9 @@
 
 #include "bench/bench.h"
 #include "commands.h"
+#ifdef SDPA_HAS_MPI
+#include "cmd_context_parallel.h"
+#endif
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -18,6 +21,9 @@ struct BenchArgs {
   std::string impl = "fast";
   bool peak = false;
   bool json = false;
+#ifdef SDPA_HAS_MPI
+  ContextParallelCall context_parallel;
+#endif
 };
 
 void print_human(const nlohmann::json& j) {
@@ -71,6 +77,9 @@ void add_bench_command(CLI::App& app) {
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target)");
   cmd->add_flag("--json", a->json,
                 "print one JSON object (\"seconds_median\", \"gflops_median\", ...)");
+#ifdef SDPA_HAS_MPI
+  add_context_parallel_options(cmd, a->context_parallel);
+#endif
   cmd->callback([a] {
     if (a->peak) {
       const int threads = resolve_threads(a->config.threads);
@@ -90,6 +99,11 @@ void add_bench_command(CLI::App& app) {
     }
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
+#ifdef SDPA_HAS_MPI
+    if (!a->context_parallel.strategy.empty()) {
+      return run_context_parallel_bench(a->config, a->context_parallel, a->json);
+    }
+#endif
     const nlohmann::json j = bench::run_bench(a->config);
     if (a->json) {
       std::cout << j.dump() << "\n";

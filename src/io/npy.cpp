@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "io/npy_header.h"
 #include "sdpa/array.h"
 
 namespace sdpa {
@@ -215,18 +216,14 @@ std::string write_temporary(const std::string& path, const TensorRef& tensor) {
 
 }  // namespace
 
-Array read_npy(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"));
-  if (f.get() == nullptr) {
-    throw Error(fmt::format("{}: cannot open for reading: {}", path, errno_text()));
-  }
+NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
   struct stat st {};
-  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
     throw Error(fmt::format("{}: expected a regular .npy file", path));
   }
   const std::int64_t file_size = st.st_size;
   unsigned char magic[8];
-  if (std::fread(magic, 1, 8, f.get()) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) {
+  if (std::fread(magic, 1, 8, file) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) {
     throw Error(fmt::format("{}: not a .npy file (expected the magic string \\x93NUMPY)", path));
   }
   const int major = magic[6];
@@ -237,7 +234,7 @@ Array read_npy(const std::string& path) {
   std::uint32_t header_len = 0;
   unsigned char len_bytes[4] = {0, 0, 0, 0};
   const std::size_t len_size = major == 1 ? 2 : 4;
-  if (std::fread(len_bytes, 1, len_size, f.get()) != len_size) {
+  if (std::fread(len_bytes, 1, len_size, file) != len_size) {
     throw Error(fmt::format("{}: truncated .npy header", path));
   }
   for (std::size_t i = 0; i < len_size; ++i) header_len |= std::uint32_t(len_bytes[i]) << (8 * i);
@@ -248,7 +245,7 @@ Array read_npy(const std::string& path) {
                     header_len, file_size));
   }
   std::string header(header_len, '\0');
-  if (header_len > 0 && std::fread(header.data(), 1, header_len, f.get()) != header_len) {
+  if (header_len > 0 && std::fread(header.data(), 1, header_len, file) != header_len) {
     throw Error(fmt::format("{}: truncated .npy header", path));
   }
   std::string descr;
@@ -284,6 +281,19 @@ Array read_npy(const std::string& path) {
         path, shape_string(shape), dtype_name(dtype), bytes, available,
         available < bytes ? "truncated" : "trailing bytes"));
   }
+  return NpyHeader{dtype, shape, data_offset, n};
+}
+
+Array read_npy(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (f.get() == nullptr) {
+    throw Error(fmt::format("{}: cannot open for reading: {}", path, errno_text()));
+  }
+  const NpyHeader h = read_npy_header(f.get(), path);
+  const DType dtype = h.dtype;
+  const std::vector<std::int64_t>& shape = h.shape;
+  const std::int64_t n = h.numel;
+  const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
   Array out(dtype, shape);
   if (bytes > 0 && std::fread(out.data(), 1, static_cast<std::size_t>(bytes), f.get()) !=
                        static_cast<std::size_t>(bytes)) {

@@ -1,0 +1,458 @@
+// Ring attention: K/V blocks travel around the ring of ranks while each rank runs the fused
+// kernel of its queries against the block it holds.
+//
+// A rank's shard has one or two global ranges (contiguous or zigzag). For a query range
+// [q0, q1) against a key range [k0, k1), causal by global position keeps key s for query l when
+// s <= l + shift (shift = 0 upper-left, S - L lower-right). In local indices that is
+// s' <= l' + d with d = q0 + shift - k0, which the kernel serves as:
+//   d >= Sb - 1 : every key visible         -> no causal flag
+//   d < -(Lb-1) : no key visible            -> no call
+//   d == 0      : the local upper-left rule -> Causal::upper_left
+//   d == Sb-Lb  : the local lower-right rule -> Causal::lower_right
+//   otherwise   : split into keys [k0, q0+shift+1) visible to every row (no flag) and the
+//                 rest, which rows l >= k - shift see with the local upper-left rule.
+// With equal zigzag chunks every block is a full or an empty one except the diagonal, which is
+// the upper-left rule, so no call ever wastes work on masked tiles.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "mpi/detail.h"
+
+namespace sdpa::mpi::detail {
+namespace {
+
+struct Task {
+  std::size_t qi = 0, kj = 0;    // which query range, which key range of the block
+  std::int64_t qa = 0, qb = 0;   // global query rows
+  std::int64_t ka = 0, kb = 0;   // global key rows
+  Causal causal = Causal::none;  // the local rule for this call
+};
+
+void add_tasks(std::size_t qi, Range q, std::size_t kj, Range k, Causal causal, std::int64_t shift,
+               std::vector<Task>& tasks) {
+  if (q.size() == 0 || k.size() == 0) return;
+  if (causal == Causal::none) {
+    tasks.push_back({qi, kj, q.begin, q.end, k.begin, k.end, Causal::none});
+    return;
+  }
+  const std::int64_t Lb = q.size(), Sb = k.size();
+  const std::int64_t d = q.begin + shift - k.begin;
+  if (d >= Sb - 1) {
+    tasks.push_back({qi, kj, q.begin, q.end, k.begin, k.end, Causal::none});
+  } else if (d + Lb - 1 < 0) {
+    return;
+  } else if (d == 0) {
+    tasks.push_back({qi, kj, q.begin, q.end, k.begin, k.end, Causal::upper_left});
+  } else if (d == Sb - Lb) {
+    tasks.push_back({qi, kj, q.begin, q.end, k.begin, k.end, Causal::lower_right});
+  } else {
+    const std::int64_t ks = std::max(k.begin, q.begin + shift + 1);
+    if (ks > k.begin) tasks.push_back({qi, kj, q.begin, q.end, k.begin, ks, Causal::none});
+    const std::int64_t lr = ks - shift;
+    if (ks < k.end && lr < q.end) {
+      tasks.push_back({qi, kj, lr, q.end, ks, k.end, Causal::upper_left});
+    }
+  }
+}
+
+std::vector<Task> tasks_for(const Layout& lay, const std::vector<Range>& q_ranges,
+                            const std::vector<Range>& k_ranges, Causal causal) {
+  const std::int64_t shift = causal == Causal::lower_right ? lay.S - lay.L : 0;
+  std::vector<Task> tasks;
+  for (std::size_t i = 0; i < q_ranges.size(); ++i) {
+    for (std::size_t j = 0; j < k_ranges.size(); ++j) {
+      add_tasks(i, q_ranges[i], j, k_ranges[j], causal, shift, tasks);
+    }
+  }
+  return tasks;
+}
+
+// The packed block of one owner: K of each range, then V of each range, each (..., Hkv, n, X).
+struct BlockLayout {
+  std::vector<std::size_t> k_offset, v_offset;  // in elements
+  std::vector<std::int64_t> rows;
+  std::size_t elements = 0;
+};
+
+BlockLayout block_layout(const Layout& lay, int owner) {
+  BlockLayout b;
+  const Around ak = around(lay.k_shape, lay.q_axis());
+  std::size_t at = 0;
+  for (const Range& r : lay.k_ranges[owner]) {
+    b.rows.push_back(r.size());
+    b.k_offset.push_back(at);
+    at += static_cast<std::size_t>(ak.outer * r.size() * lay.E);
+  }
+  for (const Range& r : lay.k_ranges[owner]) {
+    b.v_offset.push_back(at);
+    at += static_cast<std::size_t>(ak.outer * r.size() * lay.Ev);
+  }
+  b.elements = at;
+  return b;
+}
+
+// Views into a packed block.
+struct BlockView {
+  std::vector<MutableTensorRef> k, v;
+};
+
+BlockView view_block(const Layout& lay, const BlockLayout& b, void* base) {
+  BlockView view;
+  const std::size_t elem = dtype_size(lay.dtype);
+  auto* bytes = static_cast<unsigned char*>(base);
+  for (std::size_t j = 0; j < b.rows.size(); ++j) {
+    view.k.push_back(
+        {bytes + b.k_offset[j] * elem, lay.dtype, with_dim(lay.k_shape, lay.q_axis(), b.rows[j])});
+    view.v.push_back(
+        {bytes + b.v_offset[j] * elem, lay.dtype, with_dim(lay.v_shape, lay.q_axis(), b.rows[j])});
+  }
+  return view;
+}
+
+// Splits a shard (ranges stored one after the other along `axis`) into one array per range.
+std::vector<Array> split_shard(const TensorRef& t, int axis, const std::vector<Range>& ranges) {
+  std::vector<Array> parts;
+  std::int64_t at = 0;
+  for (const Range& r : ranges) {
+    parts.push_back(slice_axis(t, axis, at, at + r.size()));
+    at += r.size();
+  }
+  return parts;
+}
+
+void join_shard(const std::vector<Array>& parts, int axis, const MutableTensorRef& t) {
+  std::int64_t at = 0;
+  for (const Array& p : parts) {
+    copy_into(t, axis, at, p);
+    at += p.shape()[axis];
+  }
+}
+
+// Rows [lo, hi) of a part, by reference when that is the whole part.
+struct Rows {
+  Array copy;
+  TensorRef ref;
+};
+Rows rows_of(const TensorRef& t, int axis, std::int64_t lo, std::int64_t hi) {
+  Rows r;
+  if (lo == 0 && hi == t.shape[axis]) {
+    r.ref = t;
+  } else {
+    r.copy = slice_axis(t, axis, lo, hi);
+    r.ref = r.copy.ref();
+  }
+  return r;
+}
+
+// The mask of one task: the shard's query rows [la, lb) and global key columns [ka, kb).
+Array task_mask(const Layout& lay, const TensorRef& mask, std::int64_t la, std::int64_t lb,
+                std::int64_t ka, std::int64_t kb) {
+  const int nd = static_cast<int>(mask.shape.size());
+  Array rows = lay.mask_rows_sharded ? slice_axis(mask, nd - 2, la, lb)
+                                     : slice_axis(mask, nd - 2, 0, mask.shape[nd - 2]);
+  if (!lay.mask_cols_full) return rows;
+  return slice_axis(rows, nd - 1, ka, kb);
+}
+
+// out_acc, lse_acc rows [row0, row0 + n) <- merge with (o, l), by the log-sum-exp identity in
+// the input precision; rows that have seen no key so far keep out = 0, lse = -inf.
+template <class T>
+void merge(const MutableTensorRef& out_acc, const MutableTensorRef& lse_acc, std::int64_t row0,
+           const Array& o, const Array& l, std::int64_t Ev) {
+  const Around a = around(lse_acc.shape, static_cast<int>(lse_acc.shape.size()) - 1);
+  const std::int64_t n = l.shape().back();
+  auto* acc_o = static_cast<T*>(out_acc.data);
+  auto* acc_l = static_cast<T*>(lse_acc.data);
+  const T* po = o.data_as<T>();
+  const T* pl = l.data_as<T>();
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (std::int64_t h = 0; h < a.outer; ++h) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      T& L1 = acc_l[h * a.n + row0 + r];
+      const T L2 = pl[h * n + r];
+      if (L2 == neg_inf) continue;
+      T* O1 = acc_o + (h * a.n + row0 + r) * Ev;
+      const T* O2 = po + (h * n + r) * Ev;
+      if (L1 == neg_inf) {
+        L1 = L2;
+        std::copy(O2, O2 + Ev, O1);
+        continue;
+      }
+      const T m = std::max(L1, L2);
+      const T lse = m + std::log1p(std::exp(-std::abs(L1 - L2)));
+      const T w1 = std::exp(L1 - lse), w2 = std::exp(L2 - lse);
+      for (std::int64_t e = 0; e < Ev; ++e) O1[e] = w1 * O1[e] + w2 * O2[e];
+      L1 = lse;
+    }
+  }
+}
+
+// Packs this rank's own K and V shards into a block.
+void pack_own(const Layout& lay, const BlockLayout& b, const TensorRef& k, const TensorRef& v,
+              void* base) {
+  const BlockView view = view_block(lay, b, base);
+  const std::vector<Array> kp = split_shard(k, lay.q_axis(), lay.k_ranges[lay.rank]);
+  const std::vector<Array> vp = split_shard(v, lay.q_axis(), lay.k_ranges[lay.rank]);
+  for (std::size_t j = 0; j < kp.size(); ++j) {
+    copy_into(view.k[j], lay.q_axis(), 0, kp[j]);
+    copy_into(view.v[j], lay.q_axis(), 0, vp[j]);
+  }
+}
+
+void test_progress(std::vector<MPI_Request>& reqs) {
+  int flag = 0;
+  if (!reqs.empty()) {
+    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
+  }
+}
+
+MPI_Datatype mpi_type(DType dtype) { return dtype == DType::float64 ? MPI_DOUBLE : MPI_FLOAT; }
+
+int count_of(std::size_t elements, DType dtype, const char* what) {
+  mpi_count(elements * dtype_size(dtype), what);
+  return static_cast<int>(elements);
+}
+
+constexpr int kTagKv = 100;
+constexpr int kTagDkv = 16384;  // below 32767, the smallest MPI_TAG_UB MPI allows
+
+template <class T>
+void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const TensorRef& k,
+                   const TensorRef& v, const TensorRef* mask, const AttentionOptions& options,
+                   const MutableTensorRef& out, const MutableTensorRef& lse, CommStats& stats) {
+  const int P = lay.ranks, me = lay.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
+  const int qa = lay.q_axis(), la = lay.lse_axis();
+  const std::vector<Range>& my_q = lay.q_ranges[me];
+  double t0 = now_seconds();
+  const std::vector<Array> q_parts = split_shard(q, qa, my_q);
+  std::vector<Array> out_acc, lse_acc;
+  for (const Range& r : my_q) {
+    out_acc.emplace_back(lay.dtype, with_dim(out.shape, qa, r.size()));
+    lse_acc.emplace_back(lay.dtype, with_dim(lse.shape, la, r.size()));
+    std::fill_n(lse_acc.back().template data_as<T>(), lse_acc.back().numel(),
+                -std::numeric_limits<T>::infinity());
+  }
+  std::size_t capacity = 0;
+  for (int r = 0; r < P; ++r) capacity = std::max(capacity, block_layout(lay, r).elements);
+  std::vector<T> cur(capacity), nxt(capacity);
+  pack_own(lay, block_layout(lay, me), k, v, cur.data());
+  std::vector<std::int64_t> q_offset;  // where each range starts in the shard
+  {
+    std::int64_t at = 0;
+    for (const Range& r : my_q) {
+      q_offset.push_back(at);
+      at += r.size();
+    }
+  }
+  stats.compute_seconds += now_seconds() - t0;
+
+  for (int t = 0; t < P; ++t) {
+    const int owner = (me - t + P) % P;
+    const BlockLayout b = block_layout(lay, owner);
+    std::vector<MPI_Request> reqs;
+    if (t < P - 1) {
+      const BlockLayout incoming = block_layout(lay, (owner + P - 1) % P);
+      reqs.resize(2);
+      MPI_Irecv(nxt.data(), count_of(incoming.elements, lay.dtype, "K/V block"),
+                mpi_type(lay.dtype), prev, kTagKv + t, comm, &reqs[0]);
+      MPI_Isend(cur.data(), count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
+                kTagKv + t, comm, &reqs[1]);
+      stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
+    }
+    fault_point(comm, t);
+    t0 = now_seconds();
+    const BlockView view = view_block(lay, b, cur.data());
+    for (const Task& task : tasks_for(lay, my_q, lay.k_ranges[owner], options.causal)) {
+      const Range qr = my_q[task.qi], kr = lay.k_ranges[owner][task.kj];
+      const Rows qt = rows_of(q_parts[task.qi].ref(), qa, task.qa - qr.begin, task.qb - qr.begin);
+      const Rows kt = rows_of(view.k[task.kj], qa, task.ka - kr.begin, task.kb - kr.begin);
+      const Rows vt = rows_of(view.v[task.kj], qa, task.ka - kr.begin, task.kb - kr.begin);
+      Array mt;
+      if (mask != nullptr) {
+        const std::int64_t local = q_offset[task.qi] + task.qa - qr.begin;
+        mt = task_mask(lay, *mask, local, local + task.qb - task.qa, task.ka, task.kb);
+      }
+      const TensorRef mref = mt.ref();
+      AttentionOptions o = options;
+      o.causal = task.causal;
+      Array ot(lay.dtype, with_dim(out.shape, qa, task.qb - task.qa));
+      Array lt(lay.dtype, with_dim(lse.shape, la, task.qb - task.qa));
+      const MutableTensorRef lref = lt.mut();
+      attention_forward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, o, ot.mut(),
+                        &lref);
+      merge<T>(out_acc[task.qi].mut(), lse_acc[task.qi].mut(), task.qa - qr.begin, ot, lt, lay.Ev);
+      test_progress(reqs);  // lets the transfer advance between kernel calls
+    }
+    stats.compute_seconds += now_seconds() - t0;
+    stats.wait_seconds += wait_bounded(
+        comm, reqs, fmt::format("ring step {}: the K/V block from rank {}", t, prev), lay.timeout);
+    std::swap(cur, nxt);
+    ++stats.steps;
+  }
+  join_shard(out_acc, qa, out);
+  join_shard(lse_acc, la, lse);
+}
+
+template <class T>
+void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const TensorRef& k,
+                    const TensorRef& v, const TensorRef* mask, const TensorRef& out,
+                    const TensorRef& lse, const TensorRef& dout, const AttentionOptions& options,
+                    const MutableTensorRef& dq, const MutableTensorRef& dk,
+                    const MutableTensorRef& dv, CommStats& stats) {
+  const int P = lay.ranks, me = lay.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
+  const int qa = lay.q_axis(), la = lay.lse_axis();
+  const std::vector<Range>& my_q = lay.q_ranges[me];
+  double t0 = now_seconds();
+  const std::vector<Array> q_parts = split_shard(q, qa, my_q);
+  const std::vector<Array> o_parts = split_shard(out, qa, my_q);
+  const std::vector<Array> do_parts = split_shard(dout, qa, my_q);
+  const std::vector<Array> l_parts = split_shard(lse, la, my_q);
+  std::vector<Array> dq_acc;
+  for (const Array& p : q_parts) dq_acc.emplace_back(lay.dtype, p.shape());
+  std::vector<std::int64_t> q_offset;
+  {
+    std::int64_t at = 0;
+    for (const Range& r : my_q) {
+      q_offset.push_back(at);
+      at += r.size();
+    }
+  }
+  std::size_t capacity = 0;
+  for (int r = 0; r < P; ++r) capacity = std::max(capacity, block_layout(lay, r).elements);
+  std::vector<T> cur(capacity), nxt(capacity);
+  // dK/dV of a block travel in the block's own packed layout.
+  std::vector<T> part(capacity), incoming(capacity), outgoing(capacity), home(capacity);
+  pack_own(lay, block_layout(lay, me), k, v, cur.data());
+  stats.compute_seconds += now_seconds() - t0;
+  std::vector<MPI_Request> send_dkv;  // the previous step's outgoing dK/dV
+
+  for (int t = 0; t < P; ++t) {
+    const int owner = (me - t + P) % P;
+    const BlockLayout b = block_layout(lay, owner);
+    std::vector<MPI_Request> reqs, recv_dkv;
+    if (t < P - 1) {
+      const BlockLayout in = block_layout(lay, (owner + P - 1) % P);
+      reqs.resize(2);
+      MPI_Irecv(nxt.data(), count_of(in.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype),
+                prev, kTagKv + t, comm, &reqs[0]);
+      MPI_Isend(cur.data(), count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
+                kTagKv + t, comm, &reqs[1]);
+      stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
+    }
+    if (t > 0) {
+      // The previous rank processed this block at its step t - 1 and sends its sum so far.
+      recv_dkv.resize(1);
+      MPI_Irecv(incoming.data(), count_of(b.elements, lay.dtype, "dK/dV block"),
+                mpi_type(lay.dtype), prev, kTagDkv + t - 1, comm, &recv_dkv[0]);
+    }
+    fault_point(comm, t);
+    t0 = now_seconds();
+    std::fill_n(part.data(), b.elements, T(0));
+    const BlockView view = view_block(lay, b, cur.data());
+    const BlockView dview = view_block(lay, b, part.data());
+    for (const Task& task : tasks_for(lay, my_q, lay.k_ranges[owner], options.causal)) {
+      const Range qr = my_q[task.qi], kr = lay.k_ranges[owner][task.kj];
+      const std::int64_t r0 = task.qa - qr.begin, r1 = task.qb - qr.begin;
+      const std::int64_t c0 = task.ka - kr.begin, c1 = task.kb - kr.begin;
+      const Rows qt = rows_of(q_parts[task.qi].ref(), qa, r0, r1);
+      const Rows ot = rows_of(o_parts[task.qi].ref(), qa, r0, r1);
+      const Rows dot = rows_of(do_parts[task.qi].ref(), qa, r0, r1);
+      const Rows lt = rows_of(l_parts[task.qi].ref(), la, r0, r1);
+      const Rows kt = rows_of(view.k[task.kj], qa, c0, c1);
+      const Rows vt = rows_of(view.v[task.kj], qa, c0, c1);
+      Array mt;
+      if (mask != nullptr) {
+        const std::int64_t local = q_offset[task.qi] + r0;
+        mt = task_mask(lay, *mask, local, local + r1 - r0, task.ka, task.kb);
+      }
+      const TensorRef mref = mt.ref();
+      AttentionOptions o = options;
+      o.causal = task.causal;
+      Array dqt(lay.dtype, qt.ref.shape), dkt(lay.dtype, kt.ref.shape),
+          dvt(lay.dtype, vt.ref.shape);
+      attention_backward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, ot.ref, lt.ref,
+                         dot.ref, o, dqt.mut(), dkt.mut(), dvt.mut());
+      add_into(dq_acc[task.qi].mut(), qa, r0, dqt);
+      add_into(dview.k[task.kj], qa, c0, dkt);
+      add_into(dview.v[task.kj], qa, c0, dvt);
+      test_progress(reqs);
+      test_progress(send_dkv);
+    }
+    stats.compute_seconds += now_seconds() - t0;
+    stats.wait_seconds += wait_bounded(
+        comm, recv_dkv, fmt::format("ring step {}: the dK/dV block from rank {}", t, prev),
+        lay.timeout);
+    stats.wait_seconds +=
+        wait_bounded(comm, send_dkv, fmt::format("ring step {}: sending dK/dV to rank {}", t, next),
+                     lay.timeout);
+    // Sum in a fixed order (what came + this rank's part), so runs are bit-identical.
+    t0 = now_seconds();
+    if (t > 0) {
+      for (std::size_t i = 0; i < b.elements; ++i) outgoing[i] = incoming[i] + part[i];
+    } else {
+      std::copy_n(part.data(), b.elements, outgoing.data());
+    }
+    stats.compute_seconds += now_seconds() - t0;
+    if (P == 1) {
+      std::copy_n(outgoing.data(), b.elements, home.data());
+    } else {
+      send_dkv.resize(1);
+      MPI_Isend(outgoing.data(), count_of(b.elements, lay.dtype, "dK/dV block"),
+                mpi_type(lay.dtype), next, kTagDkv + t, comm, &send_dkv[0]);
+      stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
+    }
+    stats.wait_seconds += wait_bounded(
+        comm, reqs, fmt::format("ring step {}: the K/V block from rank {}", t, prev), lay.timeout);
+    std::swap(cur, nxt);
+    ++stats.steps;
+  }
+  const BlockLayout own = block_layout(lay, me);
+  if (P > 1) {
+    // The last rank to see this rank's block sends the finished sum home.
+    std::vector<MPI_Request> last(1);
+    MPI_Irecv(home.data(), count_of(own.elements, lay.dtype, "dK/dV block"), mpi_type(lay.dtype),
+              prev, kTagDkv + P - 1, comm, &last[0]);
+    stats.wait_seconds += wait_bounded(
+        comm, last, fmt::format("the finished dK/dV of this rank's block from rank {}", prev),
+        lay.timeout);
+    stats.wait_seconds += wait_bounded(
+        comm, send_dkv, fmt::format("sending the last dK/dV to rank {}", next), lay.timeout);
+  }
+  const BlockView hv = view_block(lay, own, home.data());
+  std::int64_t at = 0;
+  for (std::size_t j = 0; j < hv.k.size(); ++j) {
+    copy_into(dk, qa, at, hv.k[j]);
+    copy_into(dv, qa, at, hv.v[j]);
+    at += own.rows[j];
+  }
+  join_shard(dq_acc, qa, dq);
+}
+
+}  // namespace
+
+void ring_forward(MPI_Comm comm, const Layout& lay, const TensorRef& q, const TensorRef& k,
+                  const TensorRef& v, const TensorRef* mask, const AttentionOptions& options,
+                  const MutableTensorRef& out, const MutableTensorRef& lse, CommStats& stats) {
+  if (lay.dtype == DType::float64) {
+    forward_typed<double>(comm, lay, q, k, v, mask, options, out, lse, stats);
+  } else {
+    forward_typed<float>(comm, lay, q, k, v, mask, options, out, lse, stats);
+  }
+}
+
+void ring_backward(MPI_Comm comm, const Layout& lay, const TensorRef& q, const TensorRef& k,
+                   const TensorRef& v, const TensorRef* mask, const TensorRef& out,
+                   const TensorRef& lse, const TensorRef& dout, const AttentionOptions& options,
+                   const MutableTensorRef& dq, const MutableTensorRef& dk,
+                   const MutableTensorRef& dv, CommStats& stats) {
+  if (lay.dtype == DType::float64) {
+    backward_typed<double>(comm, lay, q, k, v, mask, out, lse, dout, options, dq, dk, dv, stats);
+  } else {
+    backward_typed<float>(comm, lay, q, k, v, mask, out, lse, dout, options, dq, dk, dv, stats);
+  }
+}
+
+}  // namespace sdpa::mpi::detail
