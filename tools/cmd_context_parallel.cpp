@@ -257,8 +257,9 @@ void run_context_parallel_bench(const bench::BenchConfig& c, const ContextParall
   // The same bytes moved with nothing to hide behind: the ring's steps one after the other, or
   // one all-to-all.
   const int P = mpi.ranks();
+  // The fastest of five probes: a shared machine's noise only ever adds time.
   double alone = 0;
-  if (P > 1 && stats.bytes_sent > 0) {
+  for (int probe = 0; probe < 5 && P > 1 && stats.bytes_sent > 0; ++probe) {
     std::vector<char> send, recv;
     const double t0 = MPI_Wtime();
     if (cp.strategy == mpi::Strategy::ring) {
@@ -282,7 +283,8 @@ void run_context_parallel_bench(const bench::BenchConfig& c, const ContextParall
       MPI_Ialltoall(send.data(), per_peer, MPI_BYTE, recv.data(), per_peer, MPI_BYTE, comm, &r[0]);
       mpi::wait_bounded(comm, r, "the bandwidth probe", cp.timeout_seconds);
     }
-    alone = MPI_Wtime() - t0;
+    const double t = MPI_Wtime() - t0;
+    alone = probe == 0 ? t : std::min(alone, t);
   }
   const double mine[6] = {median(wall), median(compute),  median(wait),
                           alone,        stats.bytes_sent, static_cast<double>(Lr)};
@@ -299,7 +301,11 @@ void run_context_parallel_bench(const bench::BenchConfig& c, const ContextParall
   double slowest = 0;
   for (int i = 0; i < P; ++i) {
     const double* x = all.data() + 6 * i;
-    const double hidden = x[3] > 0 ? std::clamp((x[3] - x[2]) / x[3], 0.0, 1.0) : 1.0;
+    // Only the ring overlaps: its exposed communication is the time waited after the kernel
+    // calls (an upper bound: it includes waiting for a slower neighbour). The all-to-all has
+    // nothing to hide behind.
+    const bool ring = cp.strategy == mpi::Strategy::ring;
+    const double hidden = !ring ? 0.0 : x[3] > 0 ? std::clamp((x[3] - x[2]) / x[3], 0.0, 1.0) : 1.0;
     slowest = std::max(slowest, x[0]);
     ranks.push_back({{"rank", i},
                      {"query_rows", static_cast<std::int64_t>(x[5])},

@@ -1,6 +1,7 @@
 // The MPI layer's common parts: layouts, validation shared by every rank, bounded waits, the
 // agreement on errors, gathering shards and the fault-test hook.
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,26 @@ namespace detail {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void* scratch(int slot, std::size_t bytes) {
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  struct Slot {
+    void* data = nullptr;
+    std::size_t size = 0;
+    ~Slot() { std::free(data); }
+  };
+  static Slot slots[16];
+  Slot& s = slots[slot];
+  if (s.size < bytes || s.data == nullptr) {
+    std::free(s.data);
+    const std::size_t want = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+    s.data = std::aligned_alloc(kHuge, want);
+    if (s.data == nullptr) throw std::bad_alloc();
+    madvise(s.data, want, MADV_HUGEPAGE);  // advice only; failure is harmless
+    s.size = want;
+  }
+  return s.data;
 }
 
 Around around(const std::vector<std::int64_t>& shape, int axis) {

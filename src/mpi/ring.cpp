@@ -112,26 +112,7 @@ BlockView view_block(const Layout& lay, const BlockLayout& b, void* base) {
   return view;
 }
 
-// Splits a shard (ranges stored one after the other along `axis`) into one array per range.
-std::vector<Array> split_shard(const TensorRef& t, int axis, const std::vector<Range>& ranges) {
-  std::vector<Array> parts;
-  std::int64_t at = 0;
-  for (const Range& r : ranges) {
-    parts.push_back(slice_axis(t, axis, at, at + r.size()));
-    at += r.size();
-  }
-  return parts;
-}
-
-void join_shard(const std::vector<Array>& parts, int axis, const MutableTensorRef& t) {
-  std::int64_t at = 0;
-  for (const Array& p : parts) {
-    copy_into(t, axis, at, p);
-    at += p.shape()[axis];
-  }
-}
-
-// Rows [lo, hi) of a part, by reference when that is the whole part.
+// Rows [lo, hi) of a tensor, by reference when that is the whole tensor.
 struct Rows {
   Array copy;
   TensorRef ref;
@@ -145,6 +126,53 @@ Rows rows_of(const TensorRef& t, int axis, std::int64_t lo, std::int64_t hi) {
     r.ref = r.copy.ref();
   }
   return r;
+}
+
+// Splits a shard (ranges stored one after the other along `axis`) into one tensor per range;
+// a shard of one range is used as it is.
+std::vector<Rows> split_shard(const TensorRef& t, int axis, const std::vector<Range>& ranges) {
+  std::vector<Rows> parts;
+  std::int64_t at = 0;
+  for (const Range& r : ranges) {
+    parts.push_back(rows_of(t, axis, at, at + r.size()));
+    at += r.size();
+  }
+  return parts;
+}
+
+// Accumulators per range: the output shard itself when it has one range, else arrays that
+// join_shard copies back.
+struct Accumulators {
+  std::vector<Array> owned;
+  std::vector<MutableTensorRef> parts;
+};
+Accumulators accumulators(const MutableTensorRef& t, int axis, const std::vector<Range>& ranges) {
+  Accumulators a;
+  if (ranges.size() == 1) {
+    a.parts.push_back(t);
+    return a;
+  }
+  for (const Range& r : ranges) {
+    a.owned.emplace_back(t.dtype, with_dim(t.shape, axis, r.size()));
+    a.parts.push_back(a.owned.back().mut());
+  }
+  return a;
+}
+
+void join_shard(const Accumulators& a, int axis, const MutableTensorRef& t) {
+  if (a.owned.empty()) return;
+  std::int64_t at = 0;
+  for (const Array& p : a.owned) {
+    copy_into(t, axis, at, p);
+    at += p.shape()[axis];
+  }
+}
+
+// A tensor of this shape over scratch slot `slot`.
+MutableTensorRef scratch_tensor(int slot, DType dtype, std::vector<std::int64_t> shape) {
+  std::size_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return MutableTensorRef{scratch(slot, n * dtype_size(dtype)), dtype, std::move(shape)};
 }
 
 // The mask of one task: the shard's query rows [la, lb) and global key columns [ka, kb).
@@ -161,13 +189,13 @@ Array task_mask(const Layout& lay, const TensorRef& mask, std::int64_t la, std::
 // the input precision; rows that have seen no key so far keep out = 0, lse = -inf.
 template <class T>
 void merge(const MutableTensorRef& out_acc, const MutableTensorRef& lse_acc, std::int64_t row0,
-           const Array& o, const Array& l, std::int64_t Ev) {
+           const TensorRef& o, const TensorRef& l, std::int64_t Ev) {
   const Around a = around(lse_acc.shape, static_cast<int>(lse_acc.shape.size()) - 1);
-  const std::int64_t n = l.shape().back();
+  const std::int64_t n = l.shape.back();
   auto* acc_o = static_cast<T*>(out_acc.data);
   auto* acc_l = static_cast<T*>(lse_acc.data);
-  const T* po = o.data_as<T>();
-  const T* pl = l.data_as<T>();
+  const T* po = static_cast<const T*>(o.data);
+  const T* pl = static_cast<const T*>(l.data);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (std::int64_t h = 0; h < a.outer; ++h) {
     for (std::int64_t r = 0; r < n; ++r) {
@@ -194,11 +222,11 @@ void merge(const MutableTensorRef& out_acc, const MutableTensorRef& lse_acc, std
 void pack_own(const Layout& lay, const BlockLayout& b, const TensorRef& k, const TensorRef& v,
               void* base) {
   const BlockView view = view_block(lay, b, base);
-  const std::vector<Array> kp = split_shard(k, lay.q_axis(), lay.k_ranges[lay.rank]);
-  const std::vector<Array> vp = split_shard(v, lay.q_axis(), lay.k_ranges[lay.rank]);
+  const std::vector<Rows> kp = split_shard(k, lay.q_axis(), lay.k_ranges[lay.rank]);
+  const std::vector<Rows> vp = split_shard(v, lay.q_axis(), lay.k_ranges[lay.rank]);
   for (std::size_t j = 0; j < kp.size(); ++j) {
-    copy_into(view.k[j], lay.q_axis(), 0, kp[j]);
-    copy_into(view.v[j], lay.q_axis(), 0, vp[j]);
+    copy_into(view.k[j], lay.q_axis(), 0, kp[j].ref);
+    copy_into(view.v[j], lay.q_axis(), 0, vp[j].ref);
   }
 }
 
@@ -227,18 +255,19 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
   const int qa = lay.q_axis(), la = lay.lse_axis();
   const std::vector<Range>& my_q = lay.q_ranges[me];
   double t0 = now_seconds();
-  const std::vector<Array> q_parts = split_shard(q, qa, my_q);
-  std::vector<Array> out_acc, lse_acc;
-  for (const Range& r : my_q) {
-    out_acc.emplace_back(lay.dtype, with_dim(out.shape, qa, r.size()));
-    lse_acc.emplace_back(lay.dtype, with_dim(lse.shape, la, r.size()));
-    std::fill_n(lse_acc.back().template data_as<T>(), lse_acc.back().numel(),
+  const std::vector<Rows> q_parts = split_shard(q, qa, my_q);
+  const Accumulators out_acc = accumulators(out, qa, my_q);
+  const Accumulators lse_acc = accumulators(lse, la, my_q);
+  for (std::size_t i = 0; i < my_q.size(); ++i) {
+    std::fill_n(static_cast<T*>(out_acc.parts[i].data), out_acc.parts[i].numel(), T(0));
+    std::fill_n(static_cast<T*>(lse_acc.parts[i].data), lse_acc.parts[i].numel(),
                 -std::numeric_limits<T>::infinity());
   }
   std::size_t capacity = 0;
   for (int r = 0; r < P; ++r) capacity = std::max(capacity, block_layout(lay, r).elements);
-  std::vector<T> cur(capacity), nxt(capacity);
-  pack_own(lay, block_layout(lay, me), k, v, cur.data());
+  T* cur = static_cast<T*>(scratch(0, capacity * sizeof(T)));
+  T* nxt = static_cast<T*>(scratch(1, capacity * sizeof(T)));
+  pack_own(lay, block_layout(lay, me), k, v, cur);
   std::vector<std::int64_t> q_offset;  // where each range starts in the shard
   {
     std::int64_t at = 0;
@@ -256,18 +285,18 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
     if (t < P - 1) {
       const BlockLayout incoming = block_layout(lay, (owner + P - 1) % P);
       reqs.resize(2);
-      MPI_Irecv(nxt.data(), count_of(incoming.elements, lay.dtype, "K/V block"),
-                mpi_type(lay.dtype), prev, kTagKv + t, comm, &reqs[0]);
-      MPI_Isend(cur.data(), count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
+      MPI_Irecv(nxt, count_of(incoming.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), prev,
+                kTagKv + t, comm, &reqs[0]);
+      MPI_Isend(cur, count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
                 kTagKv + t, comm, &reqs[1]);
       stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
     }
     fault_point(comm, t);
     t0 = now_seconds();
-    const BlockView view = view_block(lay, b, cur.data());
+    const BlockView view = view_block(lay, b, cur);
     for (const Task& task : tasks_for(lay, my_q, lay.k_ranges[owner], options.causal)) {
       const Range qr = my_q[task.qi], kr = lay.k_ranges[owner][task.kj];
-      const Rows qt = rows_of(q_parts[task.qi].ref(), qa, task.qa - qr.begin, task.qb - qr.begin);
+      const Rows qt = rows_of(q_parts[task.qi].ref, qa, task.qa - qr.begin, task.qb - qr.begin);
       const Rows kt = rows_of(view.k[task.kj], qa, task.ka - kr.begin, task.kb - kr.begin);
       const Rows vt = rows_of(view.v[task.kj], qa, task.ka - kr.begin, task.kb - kr.begin);
       Array mt;
@@ -278,12 +307,12 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
       const TensorRef mref = mt.ref();
       AttentionOptions o = options;
       o.causal = task.causal;
-      Array ot(lay.dtype, with_dim(out.shape, qa, task.qb - task.qa));
-      Array lt(lay.dtype, with_dim(lse.shape, la, task.qb - task.qa));
-      const MutableTensorRef lref = lt.mut();
-      attention_forward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, o, ot.mut(),
-                        &lref);
-      merge<T>(out_acc[task.qi].mut(), lse_acc[task.qi].mut(), task.qa - qr.begin, ot, lt, lay.Ev);
+      const MutableTensorRef ot =
+          scratch_tensor(4, lay.dtype, with_dim(out.shape, qa, task.qb - task.qa));
+      const MutableTensorRef lt =
+          scratch_tensor(5, lay.dtype, with_dim(lse.shape, la, task.qb - task.qa));
+      attention_forward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, o, ot, &lt);
+      merge<T>(out_acc.parts[task.qi], lse_acc.parts[task.qi], task.qa - qr.begin, ot, lt, lay.Ev);
       test_progress(reqs);  // lets the transfer advance between kernel calls
     }
     stats.compute_seconds += now_seconds() - t0;
@@ -306,12 +335,14 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
   const int qa = lay.q_axis(), la = lay.lse_axis();
   const std::vector<Range>& my_q = lay.q_ranges[me];
   double t0 = now_seconds();
-  const std::vector<Array> q_parts = split_shard(q, qa, my_q);
-  const std::vector<Array> o_parts = split_shard(out, qa, my_q);
-  const std::vector<Array> do_parts = split_shard(dout, qa, my_q);
-  const std::vector<Array> l_parts = split_shard(lse, la, my_q);
-  std::vector<Array> dq_acc;
-  for (const Array& p : q_parts) dq_acc.emplace_back(lay.dtype, p.shape());
+  const std::vector<Rows> q_parts = split_shard(q, qa, my_q);
+  const std::vector<Rows> o_parts = split_shard(out, qa, my_q);
+  const std::vector<Rows> do_parts = split_shard(dout, qa, my_q);
+  const std::vector<Rows> l_parts = split_shard(lse, la, my_q);
+  const Accumulators dq_acc = accumulators(dq, qa, my_q);
+  for (const MutableTensorRef& p : dq_acc.parts) {
+    std::fill_n(static_cast<T*>(p.data), p.numel(), T(0));
+  }
   std::vector<std::int64_t> q_offset;
   {
     std::int64_t at = 0;
@@ -322,10 +353,14 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
   }
   std::size_t capacity = 0;
   for (int r = 0; r < P; ++r) capacity = std::max(capacity, block_layout(lay, r).elements);
-  std::vector<T> cur(capacity), nxt(capacity);
+  T* cur = static_cast<T*>(scratch(0, capacity * sizeof(T)));
+  T* nxt = static_cast<T*>(scratch(1, capacity * sizeof(T)));
   // dK/dV of a block travel in the block's own packed layout.
-  std::vector<T> part(capacity), incoming(capacity), outgoing(capacity), home(capacity);
-  pack_own(lay, block_layout(lay, me), k, v, cur.data());
+  T* part = static_cast<T*>(scratch(2, capacity * sizeof(T)));
+  T* incoming = static_cast<T*>(scratch(3, capacity * sizeof(T)));
+  T* outgoing = static_cast<T*>(scratch(9, capacity * sizeof(T)));
+  T* home = static_cast<T*>(scratch(10, capacity * sizeof(T)));
+  pack_own(lay, block_layout(lay, me), k, v, cur);
   stats.compute_seconds += now_seconds() - t0;
   std::vector<MPI_Request> send_dkv;  // the previous step's outgoing dK/dV
 
@@ -336,31 +371,31 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
     if (t < P - 1) {
       const BlockLayout in = block_layout(lay, (owner + P - 1) % P);
       reqs.resize(2);
-      MPI_Irecv(nxt.data(), count_of(in.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype),
-                prev, kTagKv + t, comm, &reqs[0]);
-      MPI_Isend(cur.data(), count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
+      MPI_Irecv(nxt, count_of(in.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), prev,
+                kTagKv + t, comm, &reqs[0]);
+      MPI_Isend(cur, count_of(b.elements, lay.dtype, "K/V block"), mpi_type(lay.dtype), next,
                 kTagKv + t, comm, &reqs[1]);
       stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
     }
     if (t > 0) {
       // The previous rank processed this block at its step t - 1 and sends its sum so far.
       recv_dkv.resize(1);
-      MPI_Irecv(incoming.data(), count_of(b.elements, lay.dtype, "dK/dV block"),
-                mpi_type(lay.dtype), prev, kTagDkv + t - 1, comm, &recv_dkv[0]);
+      MPI_Irecv(incoming, count_of(b.elements, lay.dtype, "dK/dV block"), mpi_type(lay.dtype), prev,
+                kTagDkv + t - 1, comm, &recv_dkv[0]);
     }
     fault_point(comm, t);
     t0 = now_seconds();
-    std::fill_n(part.data(), b.elements, T(0));
-    const BlockView view = view_block(lay, b, cur.data());
-    const BlockView dview = view_block(lay, b, part.data());
+    std::fill_n(part, b.elements, T(0));
+    const BlockView view = view_block(lay, b, cur);
+    const BlockView dview = view_block(lay, b, part);
     for (const Task& task : tasks_for(lay, my_q, lay.k_ranges[owner], options.causal)) {
       const Range qr = my_q[task.qi], kr = lay.k_ranges[owner][task.kj];
       const std::int64_t r0 = task.qa - qr.begin, r1 = task.qb - qr.begin;
       const std::int64_t c0 = task.ka - kr.begin, c1 = task.kb - kr.begin;
-      const Rows qt = rows_of(q_parts[task.qi].ref(), qa, r0, r1);
-      const Rows ot = rows_of(o_parts[task.qi].ref(), qa, r0, r1);
-      const Rows dot = rows_of(do_parts[task.qi].ref(), qa, r0, r1);
-      const Rows lt = rows_of(l_parts[task.qi].ref(), la, r0, r1);
+      const Rows qt = rows_of(q_parts[task.qi].ref, qa, r0, r1);
+      const Rows ot = rows_of(o_parts[task.qi].ref, qa, r0, r1);
+      const Rows dot = rows_of(do_parts[task.qi].ref, qa, r0, r1);
+      const Rows lt = rows_of(l_parts[task.qi].ref, la, r0, r1);
       const Rows kt = rows_of(view.k[task.kj], qa, c0, c1);
       const Rows vt = rows_of(view.v[task.kj], qa, c0, c1);
       Array mt;
@@ -371,11 +406,12 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
       const TensorRef mref = mt.ref();
       AttentionOptions o = options;
       o.causal = task.causal;
-      Array dqt(lay.dtype, qt.ref.shape), dkt(lay.dtype, kt.ref.shape),
-          dvt(lay.dtype, vt.ref.shape);
+      const MutableTensorRef dqt = scratch_tensor(4, lay.dtype, qt.ref.shape);
+      const MutableTensorRef dkt = scratch_tensor(5, lay.dtype, kt.ref.shape);
+      const MutableTensorRef dvt = scratch_tensor(6, lay.dtype, vt.ref.shape);
       attention_backward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, ot.ref, lt.ref,
-                         dot.ref, o, dqt.mut(), dkt.mut(), dvt.mut());
-      add_into(dq_acc[task.qi].mut(), qa, r0, dqt);
+                         dot.ref, o, dqt, dkt, dvt);
+      add_into(dq_acc.parts[task.qi], qa, r0, dqt);
       add_into(dview.k[task.kj], qa, c0, dkt);
       add_into(dview.v[task.kj], qa, c0, dvt);
       test_progress(reqs);
@@ -393,15 +429,15 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
     if (t > 0) {
       for (std::size_t i = 0; i < b.elements; ++i) outgoing[i] = incoming[i] + part[i];
     } else {
-      std::copy_n(part.data(), b.elements, outgoing.data());
+      std::copy_n(part, b.elements, outgoing);
     }
     stats.compute_seconds += now_seconds() - t0;
     if (P == 1) {
-      std::copy_n(outgoing.data(), b.elements, home.data());
+      std::copy_n(outgoing, b.elements, home);
     } else {
       send_dkv.resize(1);
-      MPI_Isend(outgoing.data(), count_of(b.elements, lay.dtype, "dK/dV block"),
-                mpi_type(lay.dtype), next, kTagDkv + t, comm, &send_dkv[0]);
+      MPI_Isend(outgoing, count_of(b.elements, lay.dtype, "dK/dV block"), mpi_type(lay.dtype), next,
+                kTagDkv + t, comm, &send_dkv[0]);
       stats.bytes_sent += static_cast<double>(b.elements * sizeof(T));
     }
     stats.wait_seconds += wait_bounded(
@@ -413,15 +449,15 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
   if (P > 1) {
     // The last rank to see this rank's block sends the finished sum home.
     std::vector<MPI_Request> last(1);
-    MPI_Irecv(home.data(), count_of(own.elements, lay.dtype, "dK/dV block"), mpi_type(lay.dtype),
-              prev, kTagDkv + P - 1, comm, &last[0]);
+    MPI_Irecv(home, count_of(own.elements, lay.dtype, "dK/dV block"), mpi_type(lay.dtype), prev,
+              kTagDkv + P - 1, comm, &last[0]);
     stats.wait_seconds += wait_bounded(
         comm, last, fmt::format("the finished dK/dV of this rank's block from rank {}", prev),
         lay.timeout);
     stats.wait_seconds += wait_bounded(
         comm, send_dkv, fmt::format("sending the last dK/dV to rank {}", next), lay.timeout);
   }
-  const BlockView hv = view_block(lay, own, home.data());
+  const BlockView hv = view_block(lay, own, home);
   std::int64_t at = 0;
   for (std::size_t j = 0; j < hv.k.size(); ++j) {
     copy_into(dk, qa, at, hv.k[j]);
