@@ -354,7 +354,6 @@ double wait_bounded(MPI_Comm comm, std::vector<MPI_Request>& requests, const std
                     double timeout_seconds) {
   const double start = detail::now_seconds();
   int done = 0;
-  int spins = 0;
   for (;;) {
     MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (done) break;
@@ -370,9 +369,15 @@ double wait_bounded(MPI_Comm comm, std::vector<MPI_Request>& requests, const std
       MPI_Abort(comm, 3);
       std::_Exit(3);
     }
-    // Spin briefly (messages between busy ranks arrive within microseconds), then sleep so
-    // that oversubscribed ranks leave the core to the ones still computing.
-    if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Each test moves the transfer on (shared-memory transfers advance only inside MPI calls):
+    // sleeping between tests, even 50 us, slowed a 1 MB block from ~1 ms to 35 ms here. So
+    // yield (an oversubscribed core goes to a rank that computes) and poll again; only a wait
+    // longer than a second, a peer that is stalled or much slower, sleeps between polls.
+    if (waited < 1.0) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   return detail::now_seconds() - start;
 }
