@@ -33,10 +33,12 @@
 // rank ends the job instead of hanging it. Shards that do not match the layout, shapes that
 // differ between ranks and bad options throw the same sdpa::Error on every rank.
 //
-// Limitation: the ring backward rebuilds P from the global lse inside each block's kernel
-// call. Rows whose |lse| is beyond about 2^11 in float32 (rows where every key is shifted by a
-// huge finite mask value, e.g. finfo.min) lose the precision the fused kernel's own
-// renormalisation recovers; such rows are outside what the ring backward supports.
+// Limitation: the fused backward recomputes P = exp(score - lse) from the lse it is given,
+// except on rows whose |lse| exceeds 64 in float32 (2^35 in float64), which it renormalises
+// over the keys it is called with (docs/kernel.md). For one block of the ring those are not all
+// the keys, so the ring backward refuses such rows (huge scores, or a mask that shifts a whole
+// row by a huge value such as finfo.min) with an sdpa::Error on every rank; the all-to-all
+// strategy, whose calls see every key, has no such limit.
 #pragma once
 
 #include <mpi.h>

@@ -325,6 +325,28 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
   join_shard(lse_acc, la, lse);
 }
 
+// The fused backward recomputes P = exp(score - lse) from the lse it is given, except on rows
+// whose |lse| exceeds 64 in float32 (2^35 in float64; docs/kernel.md): those it renormalises
+// over the keys of the call, which for one block of the ring is not the global softmax. Such
+// rows (huge scores, or a mask that shifts a whole row by a huge value) are refused.
+template <class T>
+std::string check_lse_range(const TensorRef& lse) {
+  const double limit = sizeof(T) == 4 ? 64.0 : 34359738368.0;
+  const T* l = static_cast<const T*>(lse.data);
+  for (std::int64_t i = 0; i < lse.numel(); ++i) {
+    const double x = static_cast<double>(l[i]);
+    if (x == -std::numeric_limits<double>::infinity()) continue;  // a row that sees no key
+    if (!(std::abs(x) <= limit)) {
+      return fmt::format(
+          "lse: expected |lse| <= {} on every row for the ring backward, got {} at flat index {} "
+          "of this rank's shard (the fused backward renormalises such rows over the keys of "
+          "each block); use --context-parallel ulysses or one process",
+          limit, x, i);
+    }
+  }
+  return "";
+}
+
 template <class T>
 void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const TensorRef& k,
                     const TensorRef& v, const TensorRef* mask, const TensorRef& out,
@@ -334,6 +356,7 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
   const int P = lay.ranks, me = lay.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
   const int qa = lay.q_axis(), la = lay.lse_axis();
   const std::vector<Range>& my_q = lay.q_ranges[me];
+  agree(comm, check_lse_range<T>(lse), lay.timeout);
   double t0 = now_seconds();
   const std::vector<Rows> q_parts = split_shard(q, qa, my_q);
   const std::vector<Rows> o_parts = split_shard(out, qa, my_q);

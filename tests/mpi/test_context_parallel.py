@@ -45,8 +45,8 @@ def run(cmd, timeout=120, env=None):
 
 class Case:
     def __init__(self, name, shape_q, shape_k, ev=None, causal="none", gqa=False, mask=None,
-                 seed=0, dtype=np.float32):
-        self.name, self.causal, self.gqa = name, causal, gqa
+                 seed=0, dtype=np.float32, scale=None):
+        self.name, self.causal, self.gqa, self.scale = name, causal, gqa, scale
         rng = np.random.default_rng(seed)
         self.q = rng.standard_normal(shape_q).astype(dtype)
         self.k = rng.standard_normal(shape_k).astype(dtype)
@@ -85,6 +85,8 @@ def attention_args(case, p, outdir, f64=False):
             "--grad-output", p["dout" + s], "--causal", case.causal, "--threads", "1"]
     if case.gqa:
         args.append("--enable-gqa")
+    if case.scale is not None:
+        args += ["--scale", str(case.scale)]
     if "mask" in p:
         args += ["--mask", p["mask"]]
     os.makedirs(outdir, exist_ok=True)
@@ -168,6 +170,10 @@ CASES = [
           causal="lower-right", mask=bool_mask((1, 4, 50, 57)), seed=7), "ulysses", 4),
     (Case("GQA 6/3 heads, uneven L=41", (1, 6, 41, 8), (1, 3, 41, 8), gqa=True, seed=8),
      "ulysses", 3),
+    # Scores of a few hundred: |lse| > 64, rows the fused backward renormalises over the keys of
+    # its call; all-to-all calls see every key, so they stay exact.
+    (Case("huge scores (|lse| > 64)", (1, 2, 33, 16), (1, 2, 33, 16), causal="upper-left",
+          scale=60.0, seed=11), "ulysses", 2),
 ]
 
 
@@ -217,6 +223,15 @@ def test_faults(d):
     check(r.returncode == 2 and r.stderr.count("sdpa: error:") >= 1 and "bad_mask.npy" in
           r.stderr and not os.listdir(os.path.join(d, "bad")),
           f"unreadable input: exit {r.returncode}, the error names the file: "
+          f"{r.stderr.strip().splitlines()[:1]}")
+    # The ring backward refuses rows the fused backward would renormalise per block.
+    huge = Case("huge scores", (1, 2, 33, 16), (1, 2, 33, 16), scale=60.0, seed=11)
+    hp = write_inputs(huge, os.path.join(d, "huge"))
+    r = run(mpirun(2) + [SDPA] + attention_args(huge, hp, os.path.join(d, "huge_out")) +
+            ["--context-parallel", "ring"], timeout=60)
+    check(r.returncode == 2 and "expected |lse| <= 64" in r.stderr and
+          not os.listdir(os.path.join(d, "huge_out")),
+          f"ring backward with |lse| > 64: exit {r.returncode}, "
           f"{r.stderr.strip().splitlines()[:1]}")
     # Ulysses with fewer kv heads than ranks is refused on every rank with a clear message.
     r = run(mpirun(3) + [SDPA] + attention_args(case, p, os.path.join(d, "uly")) +
