@@ -256,3 +256,30 @@ def test_patch_multihead_attention(batch_first, masks):
 def test_module_is_loaded_with_torch():
     assert sdpa.torch is st
     assert st.scaled_dot_product_attention.__doc__
+
+
+@pytest.mark.parametrize("what", ["forward", "backward"])
+def test_gil_released(what):
+    """Another Python thread runs while sdpa.torch computes (forward, and backward through
+    autograd); the control that the counter stops under a held GIL is in test_gil.py."""
+    from test_gil import timestamps_during
+
+    n = 128
+    while True:
+        q, k, v = tensors(((1, 2, n, 64),) * 3, torch.float64, 8, grad=(what == "backward"))
+        if what == "forward":
+            def call():
+                st.scaled_dot_product_attention(q, k, v, impl="reference", threads=1)
+        else:
+            out = st.scaled_dot_product_attention(q, k, v, impl="reference", threads=1)
+
+            def call():
+                out.sum().backward()
+        t0, t1, stamps = timestamps_during(call)
+        if t1 - t0 >= 0.2 or n >= 4096:
+            break
+        n *= 2
+    margin = 0.1 * (t1 - t0)
+    inside = [s for s in stamps if t0 + margin < s < t1 - margin]
+    assert t1 - t0 >= 0.2, f"the call took only {t1 - t0:.3f} s at L = S = {n}"
+    assert len(inside) >= 5, f"only {len(inside)} counter steps in {t1 - t0:.3f} s: GIL held"
