@@ -32,4 +32,6 @@ class CMakeBuild(build_ext):
         self.copy_file(str(built), str(target))
 
 
-setup(ext_modules=[Extension("sdpa._sdpa", sources=[])], cmdclass={"build_ext": CMakeBuild})
+# setuptools' own staging goes to build-python/ too: build/ is the usual CMake build folder.
+setup(ext_modules=[Extension("sdpa._sdpa", sources=[])], cmdclass={"build_ext": CMakeBuild},
+      options={"build": {"build_base": "build-python/setuptools"}})
