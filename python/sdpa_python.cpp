@@ -494,7 +494,9 @@ shape and dtype (float32 or float64).
 
 }  // namespace
 
-PYBIND11_MODULE(sdpa, m) {
+void bind_torch(py::module_& m);  // torch_bindings.cpp
+
+PYBIND11_MODULE(_sdpa, m) {
   m.doc() = kModuleDoc;
   m.attr("__version__") = sdpa::version();
 
@@ -564,4 +566,5 @@ PYBIND11_MODULE(sdpa, m) {
   // `import sdpa.lab` works too, not only `sdpa.lab` as an attribute.
   py::module_::import("sys").attr("modules")["sdpa.lab"] = lab;
 #endif
+  bind_torch(m);
 }

@@ -66,23 +66,30 @@ const char* dtype_name(DType dtype);
 /// Bytes per element: 4, 8 or 1.
 std::size_t dtype_size(DType dtype);
 
-/// A read-only, C-contiguous tensor owned by someone else.
+/// A read-only tensor owned by someone else.
+/// strides: the step between neighbours along each dimension, in elements (not bytes); empty
+/// means C-contiguous. Otherwise one per dimension, each >= 0, and the last dimension contiguous
+/// (stride 1, unless its size is 1): (B, H, L, E) and (B, L, H, E) views, slices of a packed
+/// QKV projection and broadcast (stride 0) batch or head dimensions all go in without a copy by
+/// the caller. Outputs (MutableTensorRef) must not overlap themselves.
 struct TensorRef {
   const void* data = nullptr;
   DType dtype = DType::float32;
   std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides = {};  // = {}: brace-initialising without it is warning-free
 
   std::int64_t numel() const;
 };
 
-/// A writable, C-contiguous tensor owned by someone else.
+/// A writable tensor owned by someone else; strides as in TensorRef.
 struct MutableTensorRef {
   void* data = nullptr;
   DType dtype = DType::float32;
   std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides = {};  // = {}: brace-initialising without it is warning-free
 
   std::int64_t numel() const;
-  operator TensorRef() const { return TensorRef{data, dtype, shape}; }  // NOLINT
+  operator TensorRef() const { return TensorRef{data, dtype, shape, strides}; }  // NOLINT
 };
 
 enum class Causal : std::uint8_t { none, upper_left, lower_right };

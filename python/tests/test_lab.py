@@ -16,9 +16,10 @@ def without_seconds(result):
 
 
 def cli_path():
-    here = os.path.dirname(os.path.abspath(sdpa.__file__))
+    # <build>/python/sdpa/__init__.py: the program is <build>/sdpa
+    here = os.path.dirname(os.path.dirname(os.path.abspath(sdpa.__file__)))
     path = os.path.join(os.path.dirname(here), "sdpa")
-    return path if os.access(path, os.X_OK) else None
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
 def test_experiments_listed():

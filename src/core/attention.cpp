@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <optional>
 #include <thread>
 
+#include "core/layout.h"
 #include "core/problem.h"
 #include "kernels/kernels.h"
 #include "reference/reference.h"
@@ -130,26 +132,43 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
 void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                        const TensorRef* mask, const AttentionOptions& options,
                        const MutableTensorRef& out, const MutableTensorRef* lse) {
-  const detail::Problem p = detail::resolve_problem(query, key, value, mask, options);
+  const detail::Problem checked = detail::resolve_problem(query, key, value, mask, options);
   std::vector<std::int64_t> out_shape = query.shape;
-  out_shape.back() = p.Ev;
-  detail::check_tensor(out, p.dtype, out_shape, "out");
-  if (lse != nullptr) detail::check_tensor(*lse, p.dtype, attention_lse_shape(query), "lse");
+  out_shape.back() = checked.Ev;
+  detail::check_tensor(out, checked.dtype, out_shape, "out");
+  if (lse != nullptr) detail::check_tensor(*lse, checked.dtype, attention_lse_shape(query), "lse");
+  detail::check_strides(query, "query", false);
+  detail::check_strides(key, "key", false);
+  detail::check_strides(value, "value", false);
+  if (mask != nullptr) detail::check_strides(*mask, "mask", false);
+  detail::check_strides(out, "out", true);
+  if (lse != nullptr) detail::check_strides(*lse, "lse", true);
   // Nothing to write: return before an implementation loops over B * Hq * L rows, which an empty
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
-  void* lse_data = lse != nullptr ? lse->data : nullptr;
+  // The implementations read and write C-contiguous data (core/layout.h).
+  const detail::ContiguousInput q(query, "query"), k(key, "key"), v(value, "value");
+  std::optional<detail::ContiguousInput> m;
+  if (mask != nullptr) m.emplace(*mask, "mask", true);
+  const detail::Problem p =
+      detail::resolve_problem(q.ref(), k.ref(), v.ref(), m ? &m->ref() : nullptr, options);
+  const detail::ContiguousOutput o(out, "out");
+  std::optional<detail::ContiguousOutput> l;
+  if (lse != nullptr) l.emplace(*lse, "lse");
+  void* lse_data = l ? l->data() : nullptr;
   switch (effective_impl(p, options.impl, nullptr)) {
     case Impl::reference:
-      detail::reference_forward(p, out.data, lse_data);
+      detail::reference_forward(p, o.data(), lse_data);
       break;
     case Impl::fast:
-      detail::fast_forward(p, out.data, lse_data);
+      detail::fast_forward(p, o.data(), lse_data);
       break;
     case Impl::naive:
-      detail::naive_forward(p, out.data, lse_data);
+      detail::naive_forward(p, o.data(), lse_data);
       break;
   }
+  o.finish();
+  if (l) l->finish();
 }
 
 void attention_backward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
@@ -157,30 +176,50 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
                         const TensorRef& grad_out, const AttentionOptions& options,
                         const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
                         const MutableTensorRef& grad_value) {
-  const detail::Problem p = detail::resolve_problem(query, key, value, mask, options);
+  const detail::Problem checked = detail::resolve_problem(query, key, value, mask, options);
   std::vector<std::int64_t> out_shape = query.shape;
-  out_shape.back() = p.Ev;
-  detail::check_tensor(out, p.dtype, out_shape, "out");
-  detail::check_tensor(lse, p.dtype, attention_lse_shape(query), "lse");
-  detail::check_tensor(grad_out, p.dtype, out_shape, "grad_out");
-  detail::check_tensor(grad_query, p.dtype, query.shape, "grad_query");
-  detail::check_tensor(grad_key, p.dtype, key.shape, "grad_key");
-  detail::check_tensor(grad_value, p.dtype, value.shape, "grad_value");
+  out_shape.back() = checked.Ev;
+  detail::check_tensor(out, checked.dtype, out_shape, "out");
+  detail::check_tensor(lse, checked.dtype, attention_lse_shape(query), "lse");
+  detail::check_tensor(grad_out, checked.dtype, out_shape, "grad_out");
+  detail::check_tensor(grad_query, checked.dtype, query.shape, "grad_query");
+  detail::check_tensor(grad_key, checked.dtype, key.shape, "grad_key");
+  detail::check_tensor(grad_value, checked.dtype, value.shape, "grad_value");
+  detail::check_strides(query, "query", false);
+  detail::check_strides(key, "key", false);
+  detail::check_strides(value, "value", false);
+  if (mask != nullptr) detail::check_strides(*mask, "mask", false);
+  detail::check_strides(out, "out", false);
+  detail::check_strides(lse, "lse", false);
+  detail::check_strides(grad_out, "grad_out", false);
+  detail::check_strides(grad_query, "grad_query", true);
+  detail::check_strides(grad_key, "grad_key", true);
+  detail::check_strides(grad_value, "grad_value", true);
   // Nothing to write (see attention_forward).
   if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
-  switch (effective_impl(p, options.impl, grad_out.data)) {
+  const detail::ContiguousInput q(query, "query"), k(key, "key"), v(value, "value");
+  std::optional<detail::ContiguousInput> m;
+  if (mask != nullptr) m.emplace(*mask, "mask", true);
+  const detail::ContiguousInput o(out, "out"), l(lse, "lse"), g(grad_out, "grad_out");
+  const detail::Problem p =
+      detail::resolve_problem(q.ref(), k.ref(), v.ref(), m ? &m->ref() : nullptr, options);
+  const detail::ContiguousOutput dq(grad_query, "grad_query"), dk(grad_key, "grad_key"),
+      dv(grad_value, "grad_value");
+  const void* go = g.ref().data;
+  switch (effective_impl(p, options.impl, go)) {
     case Impl::reference:
-      detail::reference_backward(p, grad_out.data, grad_query.data, grad_key.data, grad_value.data);
+      detail::reference_backward(p, go, dq.data(), dk.data(), dv.data());
       break;
     case Impl::fast:
-      detail::fast_backward(p, out.data, lse.data, grad_out.data, grad_query.data, grad_key.data,
-                            grad_value.data);
+      detail::fast_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
       break;
     case Impl::naive:
-      detail::naive_backward(p, out.data, lse.data, grad_out.data, grad_query.data, grad_key.data,
-                             grad_value.data);
+      detail::naive_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
       break;
   }
+  dq.finish();
+  dk.finish();
+  dv.finish();
 }
 
 }  // namespace sdpa

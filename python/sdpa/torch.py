@@ -1,0 +1,301 @@
+"""sdpa for PyTorch users: torch tensors in and out, autograd through the fused backward.
+
+    import sdpa.torch
+    out = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # q: (N, H, L, E)
+    out.sum().backward()                                                      # q.grad, k.grad, ...
+
+    with sdpa.torch.use():        # routes torch.nn.functional.scaled_dot_product_attention
+        loss = model(x)
+    sdpa.torch.patch(model)       # nn.MultiheadAttention submodules call sdpa
+
+PyTorch 2.x's signature and semantics, on CPU tensors of PyTorch 1.13 and later (float32 and
+float64). Tensors are passed to the C++ library by pointer, shape and strides: (N, H, L, E)
+tensors, (N, L, H, E) views transposed to (N, H, L, E), slices of a packed QKV projection and
+expanded (stride 0) masks go in as they are. The GIL is released while the library computes.
+See docs/python.md.
+"""
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as _F
+from torch.autograd.function import once_differentiable
+
+from . import _sdpa
+
+__all__ = ["scaled_dot_product_attention", "use", "patch", "unpatch"]
+
+_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool"}
+
+
+def _describe(t):
+    """(data pointer, dtype, shape, strides) for the C++ API; the caller keeps t alive."""
+    return (t.data_ptr(), _NAMES[t.dtype], list(t.shape), list(t.stride()))
+
+
+def _last_contiguous(t):
+    """t itself when its last dimension is contiguous (any other strides are fine), else a copy."""
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        return t.contiguous()
+    return t
+
+
+def _check_tensor(t, what, allowed):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what}: expected a CPU tensor, got device {t.device}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype not in allowed:
+        names = ", ".join(_NAMES[d] for d in allowed)
+        raise TypeError(f"{what}: expected dtype {names}, got {str(t.dtype).replace('torch.', '')}")
+
+
+def _causal_name(is_causal, causal):
+    if causal is None:
+        return "upper-left" if is_causal else "none"
+    if causal not in ("none", "upper-left", "lower-right"):
+        raise ValueError(f"causal: expected None, 'none', 'upper-left' or 'lower-right', got {causal!r}")
+    if is_causal and causal != "upper-left":
+        raise ValueError(f"is_causal: expected False when causal='{causal}' is given "
+                         "(is_causal=True means causal='upper-left'), got True")
+    return causal
+
+
+def _sum_to(grad, shape):
+    """grad summed over the dimensions that broadcasting expanded from `shape`."""
+    lead = grad.dim() - len(shape)
+    if lead > 0:
+        grad = grad.sum(dim=tuple(range(lead)))
+    dims = tuple(i for i, d in enumerate(shape) if d == 1 and grad.shape[i] != 1)
+    if dims:
+        grad = grad.sum(dim=dims, keepdim=True)
+    return grad.reshape(shape)
+
+
+def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group):
+    """d loss / d attn_mask for an additive mask: dS = P * (dP - rowsum(dO * O)), summed over the
+    dimensions the mask was broadcast along (what PyTorch's autograd gives). Formed with torch
+    operations, L x S per head: only computed when the mask itself requires a gradient."""
+    if group > 1:
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale + mask.to(q.dtype)
+    if causal != "none":
+        offset = 0 if causal == "upper-left" else S - L
+        allowed = torch.ones(L, S, dtype=torch.bool).tril(offset)
+        s = s.masked_fill(~allowed, -math.inf)
+    lse = lse.unsqueeze(-1)
+    p = torch.exp(s - lse).masked_fill(torch.isneginf(lse), 0.0)  # rows that see no key: 0
+    dp = torch.matmul(g, v.transpose(-2, -1))
+    ds = p * (dp - (g * out).sum(-1, keepdim=True))
+    return _sum_to(ds, mask.shape).to(mask.dtype)
+
+
+class _Attention(torch.autograd.Function):
+    """out = softmax(q k^T * scale + mask) v; backward by the library's fused backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, causal, scale, enable_gqa, impl, threads):
+        out = torch.empty(tuple(query.shape[:-1]) + tuple(value.shape[-1:]), dtype=query.dtype)
+        lse = torch.empty(tuple(query.shape[:-1]), dtype=query.dtype)
+        _sdpa._forward_described(
+            _describe(query), _describe(key), _describe(value),
+            None if attn_mask is None else _describe(attn_mask), _describe(out), _describe(lse),
+            causal, scale, enable_gqa, impl, threads)
+        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+        ctx.options = (causal, scale, enable_gqa, impl, threads)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, attn_mask, out, lse = ctx.saved_tensors
+        causal, scale, enable_gqa, impl, threads = ctx.options
+        g = _last_contiguous(grad_out)
+        if g.dtype != query.dtype:
+            g = g.to(query.dtype)
+        dq = torch.empty(query.shape, dtype=query.dtype)
+        dk = torch.empty(key.shape, dtype=query.dtype)
+        dv = torch.empty(value.shape, dtype=query.dtype)
+        _sdpa._backward_described(
+            _describe(query), _describe(key), _describe(value),
+            None if attn_mask is None else _describe(attn_mask), _describe(out), _describe(lse),
+            _describe(g), _describe(dq), _describe(dk), _describe(dv),
+            causal, scale, enable_gqa, impl, threads)
+        dmask = None
+        if ctx.needs_input_grad[3]:
+            E = query.shape[-1]
+            s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
+            group = query.shape[-3] // key.shape[-3] if query.dim() >= 3 and key.shape[-3] else 1
+            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group)
+        return dq, dk, dv, dmask, None, None, None, None, None
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *, causal=None,
+                                 impl="fast", threads=0):
+    """softmax(query @ key.transpose(-2, -1) * scale + attn_mask) @ value, as
+    torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x), with autograd.
+
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): CPU tensors, float32 or
+    float64, all one dtype, any strides whose last dimension is contiguous (others are copied).
+    attn_mask: None, bool (True = takes part) or float (added to the scores; -inf allowed),
+    broadcastable to (..., Hq, L, S); a float mask that requires grad gets one.
+    dropout_p: must be 0.0 (NotImplementedError otherwise: there is no dropout yet).
+    is_causal: PyTorch's upper-left rule, tril(ones(L, S)); it may be combined with attn_mask
+    (PyTorch raises there), both must allow a key.
+    scale: None means 1/sqrt(E). enable_gqa: Hq a multiple of Hkv (repeat_interleave).
+    Keywords beyond PyTorch's: causal ('upper-left' or 'lower-right', FlashAttention's
+    tril(ones(L, S), S - L)), impl ('fast', 'reference', 'naive'), threads (0 = one per core).
+
+    Returns out (..., Hq, L, Ev). Rows that see no key are zeros (PyTorch gives NaN there) and
+    get zero gradients.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"dropout_p: dropout is not implemented in sdpa; expected 0.0, got {dropout_p}")
+    floats = (torch.float32, torch.float64)
+    _check_tensor(query, "query", floats)
+    _check_tensor(key, "key", floats)
+    _check_tensor(value, "value", floats)
+    if attn_mask is not None:
+        _check_tensor(attn_mask, "attn_mask", (torch.bool,) + floats)
+    if scale is not None:
+        scale = float(scale)
+    name = _causal_name(bool(is_causal), causal)
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]} for key and "
+                        f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
+    q, k, v = (_last_contiguous(t) for t in (query, key, value))
+    m = None if attn_mask is None else _last_contiguous(attn_mask)
+    return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads))
+
+
+# ---- routing an existing model through sdpa ---------------------------------------------------
+
+def _supported(query, key, value, attn_mask, dropout_p):
+    ok = (torch.float32, torch.float64)
+    for t in (query, key, value):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in ok:
+            return False
+    if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor)
+                                  or attn_mask.device.type != "cpu"
+                                  or attn_mask.dtype not in ok + (torch.bool,)):
+        return False
+    return dropout_p == 0.0 and query.dim() >= 2
+
+
+@contextlib.contextmanager
+def use():
+    """Within the block, torch.nn.functional.scaled_dot_product_attention is sdpa's (installed
+    on PyTorch 1.13, which has none). Calls sdpa cannot serve (other devices or dtypes,
+    dropout_p > 0) go to PyTorch's own function where there is one, else raise. Covers code that
+    calls it as F.scaled_dot_product_attention at run time; a name imported before the block
+    (from torch.nn.functional import scaled_dot_product_attention) keeps PyTorch's. The switch is
+    process-wide, not per thread."""
+    missing = object()
+    original = getattr(_F, "scaled_dot_product_attention", missing)
+
+    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+        if _supported(query, key, value, attn_mask, dropout_p):
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                is_causal, scale, enable_gqa)
+        if original is missing:
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                is_causal, scale, enable_gqa)
+        kwargs = {} if scale is None else {"scale": scale}
+        if enable_gqa:
+            kwargs["enable_gqa"] = True
+        return original(query, key, value, attn_mask, dropout_p, is_causal, **kwargs)
+
+    _F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        if original is missing:
+            del _F.scaled_dot_product_attention
+        else:
+            _F.scaled_dot_product_attention = original
+
+
+def _mha_forward(self, query, key, value, key_padding_mask=None, need_weights=True,
+                 attn_mask=None, average_attn_weights=True, is_causal=False):
+    """nn.MultiheadAttention.forward through sdpa for the cases it covers (batched 3-D inputs,
+    need_weights=False, no bias_k/bias_v, no add_zero_attn, no dropout while training); the
+    module's own forward otherwise."""
+    original = type(self).forward
+    covered = (not need_weights and query.dim() == 3 and self.bias_k is None
+               and not self.add_zero_attn and not (self.training and self.dropout > 0.0)
+               and _supported(query, key, value, None, 0.0))
+    if not covered:
+        kwargs = dict(key_padding_mask=key_padding_mask, need_weights=need_weights,
+                      attn_mask=attn_mask, average_attn_weights=average_attn_weights)
+        if is_causal:
+            kwargs["is_causal"] = is_causal
+        return original(self, query, key, value, **kwargs)
+    if not self.batch_first:  # (L, N, E) -> (N, L, E), views
+        query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+    N, L, D = query.shape
+    S, H = key.shape[1], self.num_heads
+    if self._qkv_same_embed_dim:
+        wq, wk, wv = self.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+    bq = bk = bv = None
+    if self.in_proj_bias is not None:
+        bq, bk, bv = self.in_proj_bias.chunk(3)
+    # (N, L, D) -> (N, H, L, D / H): views with strides, no copy.
+    q = _F.linear(query, wq, bq).view(N, L, H, -1).transpose(1, 2)
+    k = _F.linear(key, wk, bk).view(N, S, H, -1).transpose(1, 2)
+    v = _F.linear(value, wv, bv).view(N, S, H, -1).transpose(1, 2)
+    # MultiheadAttention's masks: bool True means "do not attend"; float masks are added.
+    mask = None
+    if attn_mask is not None:
+        am = attn_mask if attn_mask.dim() == 2 else attn_mask.view(N, H, L, S)
+        mask = ~am if am.dtype == torch.bool else am
+    if key_padding_mask is not None:
+        kp = key_padding_mask.view(N, 1, 1, S)
+        kp = ~kp if kp.dtype == torch.bool else kp
+        if mask is None:
+            mask = kp
+        elif mask.dtype == torch.bool and kp.dtype == torch.bool:
+            mask = mask & kp
+        else:
+            def additive(m):
+                if m.dtype != torch.bool:
+                    return m.to(q.dtype)
+                return torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, -math.inf)
+            mask = additive(mask) + additive(kp)
+    out = scaled_dot_product_attention(q, k, v, mask, is_causal=bool(is_causal) and mask is None)
+    out = out.transpose(1, 2).reshape(N, L, D)
+    out = _F.linear(out, self.out_proj.weight, self.out_proj.bias)
+    if not self.batch_first:
+        out = out.transpose(0, 1)
+    return out, None
+
+
+def patch(module):
+    """Routes every torch.nn.MultiheadAttention in `module` (itself included) through sdpa, for
+    the calls _mha_forward covers (need_weights=False: what nn.TransformerEncoderLayer and
+    nn.TransformerDecoderLayer pass); other calls keep PyTorch's code. Returns the number of
+    modules patched. Undo with unpatch(module)."""
+    count = 0
+    for m in module.modules():
+        if isinstance(m, torch.nn.MultiheadAttention) and "forward" not in m.__dict__:
+            m.forward = _mha_forward.__get__(m)
+            count += 1
+    return count
+
+
+def unpatch(module):
+    """Undoes patch(module); returns the number of modules restored."""
+    count = 0
+    for m in module.modules():
+        if isinstance(m, torch.nn.MultiheadAttention) and "forward" in m.__dict__:
+            del m.forward
+            count += 1
+    return count
