@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/problem.h"
+#include "kernels/decode.h"
 #include "kernels/kernels.h"
 #include "reference/reference.h"
 #include "sdpa/array.h"
@@ -144,7 +145,12 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
       detail::reference_forward(p, out.data, lse_data);
       break;
     case Impl::fast:
-      detail::fast_forward(p, out.data, lse_data);
+      // Short queries (decoding) read K and V in place at memory speed (kernels/decode.cpp).
+      if (detail::decode_applies(p)) {
+        detail::decode_forward(p, out.data, lse_data);
+      } else {
+        detail::fast_forward(p, out.data, lse_data);
+      }
       break;
     case Impl::naive:
       detail::naive_forward(p, out.data, lse_data);
