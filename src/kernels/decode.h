@@ -32,7 +32,10 @@ inline constexpr std::int64_t kDecodeMinChunk = 512;
 /// Keys per tile of the kernel: a multiple of every target's lane count (the row operations need
 /// it); 32 keys of K and V at E = Ev = 128 float32 are 32 KiB, within the 32-48 KiB L1d of both
 /// machines this was measured on.
-inline constexpr std::int64_t kDecodeTile = 32;
+#ifndef SDPA_DECODE_TILE
+#define SDPA_DECODE_TILE 32
+#endif
+inline constexpr std::int64_t kDecodeTile = SDPA_DECODE_TILE;
 
 /// Keys per chunk for a sequence of S keys (>= 1 even for S = 0).
 std::int64_t decode_chunk_keys(std::int64_t S);
