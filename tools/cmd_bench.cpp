@@ -58,6 +58,11 @@ void print_decode(const nlohmann::json& j) {
       "bandwidth {:.1f} GB/s measured in this run\n",
       j["kv_gbps_median"].get<double>(), j["kv_bytes"].get<double>() * 1e-6,
       j["percent_of_read_bandwidth"].get<double>(), j["read_gbps"].get<double>());
+  std::cout << fmt::format(
+      "  per CPU-second: {:.1f} GB/s = {:.1f}% of the streaming read's {:.1f} (robust to load)\n",
+      j["kv_gbps_per_cpu_second"].get<double>(),
+      j["percent_of_read_bandwidth_cpu_time"].get<double>(),
+      j["read_gbps_per_cpu_second"].get<double>());
   std::cout << fmt::format("  target {}, {} threads, CPU {}, peak RSS {:.0f} MiB\n",
                            j["target"].get<std::string>(), j["threads"].get<int>(),
                            j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
@@ -113,6 +118,7 @@ void add_bench_command(CLI::App& app) {
                                     {"peak_gflops_per_cpu_second", peak.cpu_gflops},
                                     {"read_gbps", bw.median_gbps},
                                     {"read_gbps_best", bw.best_gbps},
+                                    {"read_gbps_per_cpu_second", bw.per_cpu_second_gbps},
                                     {"threads", threads}}
                          .dump()
                   << "\n";

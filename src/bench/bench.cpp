@@ -343,8 +343,12 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   j["read_gbps"] = bw.median_gbps;
   j["read_gbps_best"] = bw.best_gbps;
   j["percent_of_read_bandwidth"] = 100.0 * gbps / bw.median_gbps;
+  const double cpu_gbps = kv_bytes / cpu_seconds[cpu_seconds.size() / 2] * 1e-9;
+  j["kv_gbps_per_cpu_second"] = cpu_gbps;
+  j["read_gbps_per_cpu_second"] = bw.per_cpu_second_gbps;
+  j["percent_of_read_bandwidth_cpu_time"] = 100.0 * cpu_gbps / bw.per_cpu_second_gbps;
   j["target"] = detail::decode_kernel_target();
-  j["cpu"] = cpu_name();
+  j["cpu"] = cpu_model();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -61,14 +61,19 @@ PeakResult measure_peak(int threads);
 /// `sdpa bench --kv-cache --json` prints, with the fields of run_bench plus "kv_bytes" (K and V
 /// bytes one call reads), "kv_gbps_median" (those bytes per second of the median call),
 /// "read_gbps" (the streaming-read bandwidth measured in the same run, after the timing) and
-/// "percent_of_read_bandwidth".
+/// "percent_of_read_bandwidth"; and the same per second of CPU time ("kv_gbps_per_cpu_second",
+/// "read_gbps_per_cpu_second", "percent_of_read_bandwidth_cpu_time"), which stay comparable
+/// when other processes share the cores.
 nlohmann::json run_decode_bench(const BenchConfig& config);
 
 /// The streaming-read bandwidth: the sum of a 512 MiB float32 array on `threads` threads (0: one
 /// per core), each summing its own share; median and best of `trials` sums.
 struct ReadBandwidth {
   double median_gbps = 0, best_gbps = 0;  // 1e9 bytes per second
-  double bytes = 0;                       // bytes read per trial
+  // Bytes per second of process CPU time (median): on a shared machine the wall-clock rates
+  // drop with the load, this one much less; compare it with a kernel's bytes per CPU-second.
+  double per_cpu_second_gbps = 0;
+  double bytes = 0;  // bytes read per trial
   int threads = 0;
   float check = 0;  // the sum, so that the reads cannot be optimised away
 };
