@@ -33,6 +33,8 @@
 
 namespace py = pybind11;
 
+void bind_kvcache(py::module_& m);  // kvcache_binding.cpp
+
 namespace {
 
 // ---- errors ------------------------------------------------------------------------------------
@@ -532,6 +534,8 @@ PYBIND11_MODULE(_sdpa, m) {
       kLogSoftmaxDoc, py::arg("x"), py::arg("axis") = -1, py::arg("scale") = 1.0);
   m.def("softmax_backward", &softmax_backward, kSoftmaxBackwardDoc, py::arg("probabilities"),
         py::arg("grad_probabilities"), py::arg("axis") = -1, py::arg("scale") = 1.0);
+
+  bind_kvcache(m);
 
   // For the tests of the zero-copy rule: the array the C++ code would read for this argument.
   m.def(

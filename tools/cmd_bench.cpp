@@ -48,6 +48,32 @@ void print_human(const nlohmann::json& j) {
                            j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
 }
 
+void print_decode(const nlohmann::json& j) {
+  std::cout << fmt::format(
+      "kv-cache: B={} Hq={} Hkv={} L={} S_max={} E={} Ev={} page={} causal={}\n",
+      j["batch"].get<std::int64_t>(), j["heads"].get<std::int64_t>(),
+      j["kv_heads"].get<std::int64_t>(), j["seq"].get<std::int64_t>(),
+      j["kv_seq"].get<std::int64_t>(), j["dim"].get<std::int64_t>(),
+      j["value_dim"].get<std::int64_t>(), j["page_size"].get<std::int64_t>(),
+      j["causal"].get<std::string>());
+  std::cout << fmt::format("  seconds: median {:.6f}  min {:.6f}  max {:.6f}  ({} runs)\n",
+                           j["seconds_median"].get<double>(), j["seconds_min"].get<double>(),
+                           j["seconds_max"].get<double>(), j["repeat"].get<int>());
+  std::cout << fmt::format(
+      "  K/V read: {:.1f} GB/s (median; {:.0f} MB per call) = {:.1f}% of the streaming-read "
+      "bandwidth {:.1f} GB/s measured in this run\n",
+      j["kv_gbps_median"].get<double>(), j["kv_bytes"].get<double>() * 1e-6,
+      j["percent_of_read_bandwidth"].get<double>(), j["read_gbps"].get<double>());
+  std::cout << fmt::format(
+      "  per CPU-second: {:.1f} GB/s = {:.1f}% of the streaming read's {:.1f} (robust to load)\n",
+      j["kv_gbps_per_cpu_second"].get<double>(),
+      j["percent_of_read_bandwidth_cpu_time"].get<double>(),
+      j["read_gbps_per_cpu_second"].get<double>());
+  std::cout << fmt::format("  target {}, {} threads, CPU {}, peak RSS {:.0f} MiB\n",
+                           j["target"].get<std::string>(), j["threads"].get<int>(),
+                           j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -73,20 +99,35 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (0: one per core)")->capture_default_str();
   cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
+  cmd->add_flag("--kv-cache", c.kv_cache,
+                "time attention_with_kvcache (decode): q (batch, seq, heads, dim) over a cache "
+                "of --kv-seq rows per sequence (or --kv-lens); --seq defaults to 1 here; prints "
+                "K/V bytes read per second and % of the streaming-read bandwidth");
+  cmd->add_option("--page-size", c.page_size, "with --kv-cache: rows per page (0: contiguous)")
+      ->capture_default_str();
+  cmd->add_option("--kv-lens", c.kv_lens,
+                  "with --kv-cache: one cache length per sequence (sets the batch), e.g. "
+                  "--kv-lens 500 4000 32768")
+      ->delimiter(',');
   cmd->add_flag("--peak", a->peak,
-                "only measure the FP32 FMA peak (register-only loop, best SIMD target)");
+                "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
+                "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");
   cmd->add_flag("--json", a->json,
                 "print one JSON object (\"seconds_median\", \"gflops_median\", ...)");
 #ifdef SDPA_HAS_MPI
   add_context_parallel_options(cmd, a->context_parallel);
 #endif
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     if (a->peak) {
       const int threads = resolve_threads(a->config.threads);
       const bench::PeakResult peak = bench::measure_peak(threads);
+      const bench::ReadBandwidth bw = bench::measure_read_bandwidth(threads);
       if (a->json) {
         std::cout << nlohmann::json{{"peak_gflops", peak.wall_gflops},
                                     {"peak_gflops_per_cpu_second", peak.cpu_gflops},
+                                    {"read_gbps", bw.median_gbps},
+                                    {"read_gbps_best", bw.best_gbps},
+                                    {"read_gbps_per_cpu_second", bw.per_cpu_second_gbps},
                                     {"threads", threads}}
                          .dump()
                   << "\n";
@@ -94,6 +135,10 @@ void add_bench_command(CLI::App& app) {
         std::cout << fmt::format(
             "FP32 FMA peak: {:.1f} GFLOP/s on {} threads ({:.1f} per CPU-second)\n",
             peak.wall_gflops, threads, peak.cpu_gflops);
+        std::cout << fmt::format(
+            "streaming read: {:.1f} GB/s on {} threads (sum of a 512 MiB array, median of 5; "
+            "best {:.1f})\n",
+            bw.median_gbps, threads, bw.best_gbps);
       }
       return;
     }
@@ -104,6 +149,16 @@ void add_bench_command(CLI::App& app) {
       return run_context_parallel_bench(a->config, a->context_parallel, a->json);
     }
 #endif
+    if (a->config.kv_cache) {
+      if (cmd->count("--seq") == 0) a->config.seq = 1;
+      const nlohmann::json j = bench::run_decode_bench(a->config);
+      if (a->json) {
+        std::cout << j.dump() << "\n";
+      } else {
+        print_decode(j);
+      }
+      return;
+    }
     const nlohmann::json j = bench::run_bench(a->config);
     if (a->json) {
       std::cout << j.dump() << "\n";

@@ -11,12 +11,15 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "sdpa/array.h"
+#include "sdpa/kvcache.h"
 
 namespace sdpa::bench {
 
@@ -181,6 +184,170 @@ nlohmann::json run_bench(const BenchConfig& config) {
   j["peak_gflops_per_cpu_second"] = peak_result.cpu_gflops;
   j["percent_of_peak_cpu_time"] = 100.0 * flops / cpu_median * 1e-9 / peak_result.cpu_gflops;
   j["target"] = target;
+  j["cpu"] = cpu_model();
+  j["max_rss_mib"] = max_rss_mib();
+  return j;
+}
+
+}  // namespace sdpa::bench
+
+// ---- the KV-cache (decode) shape -------------------------------------------------------------
+
+namespace sdpa::bench {
+namespace {
+
+// Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
+// the normal distribution, and the timing does not depend on the values.
+void fill_uniform(Array& a, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  float* p = a.data_as<float>();
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    p[i] = static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
+}  // namespace
+
+nlohmann::json run_decode_bench(const BenchConfig& config) {
+  const std::int64_t H = config.heads, L = config.seq;
+  const std::int64_t Hkv = config.kv_heads == 0 ? H : config.kv_heads;
+  const std::int64_t E = config.dim, Ev = config.value_dim == 0 ? E : config.value_dim;
+  std::vector<std::int64_t> lens = config.kv_lens;
+  if (lens.empty()) {
+    require_positive(config.batch, "--batch");
+    const std::int64_t S = config.kv_seq == 0 ? config.seq : config.kv_seq;
+    require_positive(S, "--kv-seq");
+    lens.assign(static_cast<std::size_t>(config.batch), S);
+  }
+  for (const std::int64_t n : lens) {
+    if (n < 0 || n > INT32_MAX) {
+      throw Error(fmt::format("--kv-lens: expected lengths in [0, 2^31), got {}", n));
+    }
+  }
+  const auto B = static_cast<std::int64_t>(lens.size());
+  require_positive(H, "--heads");
+  require_positive(Hkv, "--kv-heads");
+  require_positive(L, "--seq");
+  require_positive(E, "--dim");
+  require_positive(Ev, "--value-dim");
+  require_positive(config.repeat, "--repeat");
+  if (config.page_size < 0) {
+    throw Error(fmt::format("--page-size: expected 0 (contiguous) or a positive integer, got {}",
+                            config.page_size));
+  }
+  if (H % Hkv != 0) {
+    throw Error(fmt::format("--kv-heads: expected a divisor of --heads {}, got {}", H, Hkv));
+  }
+  const int threads = resolve_threads(config.threads);
+  const std::int64_t S_max = *std::max_element(lens.begin(), lens.end());
+  const std::int64_t page = config.page_size;
+
+  // Paged: every sequence gets ceil(len / page) pages, handed out in a shuffled order, as an
+  // allocator that has been running a while would.
+  std::vector<std::int32_t> table, seqlens(lens.begin(), lens.end());
+  std::int64_t rows = B * S_max, max_blocks = 0;
+  if (page > 0) {
+    std::int64_t blocks = 0;
+    for (const std::int64_t n : lens) {
+      blocks += (n + page - 1) / page;
+      max_blocks = std::max(max_blocks, (n + page - 1) / page);
+    }
+    rows = std::max<std::int64_t>(blocks, 1) * page;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(7));
+    table.assign(static_cast<std::size_t>(B * std::max<std::int64_t>(max_blocks, 1)), -1);
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t i = 0; i < (lens[static_cast<std::size_t>(b)] + page - 1) / page; ++i) {
+        table[static_cast<std::size_t>(b * max_blocks + i)] = ids[next++];
+      }
+    }
+    max_blocks = std::max<std::int64_t>(max_blocks, 1);
+  }
+  const std::vector<std::int64_t> k_shape =
+      page > 0 ? std::vector<std::int64_t>{rows / page, page, Hkv, E}
+               : std::vector<std::int64_t>{B, S_max, Hkv, E};
+  std::vector<std::int64_t> v_shape = k_shape;
+  v_shape.back() = Ev;
+  const Array q = random_normal({B, L, H, E}, 1);
+  Array k_cache(DType::float32, k_shape), v_cache(DType::float32, v_shape);
+  fill_uniform(k_cache, 2);
+  fill_uniform(v_cache, 3);
+  Array out(DType::float32, {B, L, H, Ev}), lse(DType::float32, {B, H, L});
+  const Int32TensorRef seqlens_ref{seqlens.data(), {B}};
+  const Int32TensorRef table_ref{table.data(), {B, max_blocks}};
+  KVCacheInputs inputs;
+  inputs.cache_seqlens = &seqlens_ref;
+  if (page > 0) inputs.block_table = &table_ref;
+  KVCacheOptions options;
+  options.threads = threads;
+  options.causal = config.causal != Causal::none;
+  const MutableTensorRef lse_ref = lse.mut();
+  const auto call = [&] {
+    attention_with_kvcache(q, k_cache.mut(), v_cache.mut(), inputs, options, out.mut(), &lse_ref);
+  };
+  call();  // warm-up: workspaces, threads
+
+  std::vector<double> seconds, cpu_seconds;
+  for (int r = 0; r < config.repeat; ++r) {
+    const double c0 = process_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpu_seconds.push_back(process_cpu_seconds() - c0);
+  }
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(cpu_seconds.begin(), cpu_seconds.end());
+  const std::size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const std::int64_t total_keys = std::accumulate(lens.begin(), lens.end(), std::int64_t{0});
+  // Bytes that must come from memory: every cached K and V row once per kv head.
+  const double kv_bytes = double(total_keys) * double(Hkv) * double(E + Ev) * sizeof(float);
+  const double flops = 2.0 * double(total_keys) * double(H) * double(L) * double(E + Ev);
+  // Bandwidth after the timing, in the same process and the same minute: the ratio of the two is
+  // what holds on a shared machine whose absolute figures drift with the load.
+  const ReadBandwidth bw = measure_read_bandwidth(threads);
+  const double gbps = kv_bytes / median * 1e-9;
+
+  nlohmann::json j;
+  j["impl"] = "fast";
+  j["pass"] = "kv-cache";
+  j["dtype"] = "float32";
+  j["batch"] = B;
+  j["heads"] = H;
+  j["kv_heads"] = Hkv;
+  j["seq"] = L;
+  j["kv_seq"] = S_max;
+  j["kv_lens"] = lens;
+  j["page_size"] = page;
+  j["dim"] = E;
+  j["value_dim"] = Ev;
+  j["causal"] = options.causal ? "lower-right" : "none";
+  j["threads"] = threads;
+  j["repeat"] = config.repeat;
+  j["seconds"] = seconds;
+  j["seconds_median"] = median;
+  j["seconds_min"] = sorted.front();
+  j["seconds_max"] = sorted.back();
+  j["cpu_seconds_median"] = cpu_seconds[cpu_seconds.size() / 2];
+  j["flops"] = flops;
+  j["gflops_median"] = flops / median * 1e-9;
+  j["kv_bytes"] = kv_bytes;
+  j["kv_gbps_median"] = gbps;
+  j["kv_gbps_best"] = kv_bytes / sorted.front() * 1e-9;
+  j["read_gbps"] = bw.median_gbps;
+  j["read_gbps_best"] = bw.best_gbps;
+  j["percent_of_read_bandwidth"] = 100.0 * gbps / bw.median_gbps;
+  const double cpu_gbps = kv_bytes / cpu_seconds[cpu_seconds.size() / 2] * 1e-9;
+  j["kv_gbps_per_cpu_second"] = cpu_gbps;
+  j["read_gbps_per_cpu_second"] = bw.per_cpu_second_gbps;
+  j["percent_of_read_bandwidth_cpu_time"] = 100.0 * cpu_gbps / bw.per_cpu_second_gbps;
+  j["target"] = detail::decode_kernel_target();
   j["cpu"] = cpu_model();
   j["max_rss_mib"] = max_rss_mib();
   return j;

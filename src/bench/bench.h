@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "sdpa/sdpa.h"
 
@@ -21,6 +22,11 @@ struct BenchConfig {
   Impl impl = Impl::fast;
   int threads = 0;  // 0: one per core
   int repeat = 5;
+  // The KV-cache shape (run_decode_bench): q (batch, seq, heads, dim) over caches of kv_seq rows
+  // per sequence (or kv_lens, one length per sequence), paged when page_size > 0.
+  bool kv_cache = false;
+  std::int64_t page_size = 0;
+  std::vector<std::int64_t> kv_lens;
 };
 
 /// Times the configuration (allocation and a warm-up outside the timed loop) and returns the
@@ -50,5 +56,27 @@ struct PeakResult {
   double cpu_gflops = 0;   // per second of CPU time (one core)
 };
 PeakResult measure_peak(int threads);
+
+/// Times attention_with_kvcache on the decode shape of `config` (kv_cache set): the object
+/// `sdpa bench --kv-cache --json` prints, with the fields of run_bench plus "kv_bytes" (K and V
+/// bytes one call reads), "kv_gbps_median" (those bytes per second of the median call),
+/// "read_gbps" (the streaming-read bandwidth measured in the same run, after the timing) and
+/// "percent_of_read_bandwidth"; and the same per second of CPU time ("kv_gbps_per_cpu_second",
+/// "read_gbps_per_cpu_second", "percent_of_read_bandwidth_cpu_time"), which stay comparable
+/// when other processes share the cores.
+nlohmann::json run_decode_bench(const BenchConfig& config);
+
+/// The streaming-read bandwidth: the sum of a 512 MiB float32 array on `threads` threads (0: one
+/// per core), each summing its own share; median and best of `trials` sums.
+struct ReadBandwidth {
+  double median_gbps = 0, best_gbps = 0;  // 1e9 bytes per second
+  // Bytes per second of process CPU time (median): on a shared machine the wall-clock rates
+  // drop with the load, this one much less; compare it with a kernel's bytes per CPU-second.
+  double per_cpu_second_gbps = 0;
+  double bytes = 0;  // bytes read per trial
+  int threads = 0;
+  float check = 0;  // the sum, so that the reads cannot be optimised away
+};
+ReadBandwidth measure_read_bandwidth(int threads, int trials = 5);
 
 }  // namespace sdpa::bench

@@ -8,6 +8,7 @@
 
 #include "core/layout.h"
 #include "core/problem.h"
+#include "kernels/decode.h"
 #include "kernels/kernels.h"
 #include "reference/reference.h"
 #include "sdpa/array.h"
@@ -161,7 +162,12 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
       detail::reference_forward(p, o.data(), lse_data);
       break;
     case Impl::fast:
-      detail::fast_forward(p, o.data(), lse_data);
+      // Short queries (decoding) read K and V in place (kernels/decode.cpp).
+      if (detail::decode_applies(p)) {
+        detail::decode_forward(p, o.data(), lse_data);
+      } else {
+        detail::fast_forward(p, o.data(), lse_data);
+      }
       break;
     case Impl::naive:
       detail::naive_forward(p, o.data(), lse_data);

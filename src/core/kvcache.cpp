@@ -1,0 +1,296 @@
+// attention_with_kvcache (include/sdpa/kvcache.h): validate everything, append, then run the
+// decode kernel on the caches where they lie.
+//
+// The order is the guarantee: every check (shapes, dtypes, heads, lengths, capacities, block
+// indices, distinct append targets, outputs) runs before the first write, so a refused call
+// leaves the caches and the outputs exactly as they were.
+#include "sdpa/kvcache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "core/problem.h"
+#include "kernels/decode.h"
+#include "sdpa/array.h"
+
+namespace sdpa {
+namespace {
+
+using std::int64_t;
+
+void check_float_rank4(const TensorRef& t, const char* what, const char* layout) {
+  if (t.dtype != DType::float32 && t.dtype != DType::float64) {
+    throw Error(fmt::format("{}: expected float32 or float64, got {}", what, dtype_name(t.dtype)));
+  }
+  if (t.shape.size() != 4) {
+    throw Error(fmt::format("{}: expected 4 dimensions {}, got shape {}", what, layout,
+                            shape_string(t.shape)));
+  }
+  for (const int64_t d : t.shape) {
+    if (d < 0) {
+      throw Error(
+          fmt::format("{}: expected non-negative dimensions, got {}", what, shape_string(t.shape)));
+    }
+  }
+  if (t.data == nullptr && checked_numel(t.shape, dtype_size(t.dtype), what) > 0) {
+    throw Error(fmt::format("{}: data pointer is null", what));
+  }
+}
+
+void check_dim(const TensorRef& t, std::size_t axis, int64_t expected, const char* what,
+               const char* name) {
+  if (t.shape[axis] != expected) {
+    throw Error(fmt::format("{}: expected {} = {} at dimension {}, got shape {}", what, name,
+                            expected, axis, shape_string(t.shape)));
+  }
+}
+
+void check_dtype(const TensorRef& t, DType dtype, const char* what) {
+  if (t.dtype != dtype) {
+    throw Error(fmt::format("{}: expected dtype {} (the dtype of q), got {}", what,
+                            dtype_name(dtype), dtype_name(t.dtype)));
+  }
+}
+
+// Everything resolve() learns; the caches' pointers are in `decode`.
+struct Resolved {
+  detail::DecodeProblem decode;
+  int64_t L_new = 0, num_blocks = 0, capacity = 0;
+  std::vector<int64_t> cached;  // cache_seqlens, one per sequence
+  bool paged = false;
+};
+
+Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& v_cache,
+                 const KVCacheInputs& in) {
+  Resolved r;
+  detail::DecodeProblem& d = r.decode;
+  r.paged = in.block_table != nullptr;
+  const char* cache_layout = r.paged ? "(num_blocks, page_size, Hkv, E)" : "(batch, S_max, Hkv, E)";
+  check_float_rank4(q, "q", "(batch, L, Hq, E)");
+  check_float_rank4(k_cache, "k_cache", cache_layout);
+  check_float_rank4(v_cache, "v_cache", cache_layout);
+  check_dtype(k_cache, q.dtype, "k_cache");
+  check_dtype(v_cache, q.dtype, "v_cache");
+  d.dtype = q.dtype;
+  d.batch = q.shape[0];
+  d.L = q.shape[1];
+  d.Hq = q.shape[2];
+  d.E = q.shape[3];
+  d.Hkv = k_cache.shape[2];
+  d.Ev = v_cache.shape[3];
+  if (d.Hq < 1) throw Error(fmt::format("q: expected Hq >= 1 at dimension 2, got {}", d.Hq));
+  if (d.E < 1) throw Error(fmt::format("q: expected E >= 1 at dimension 3, got {}", d.E));
+  if (d.Hkv < 1) {
+    throw Error(fmt::format("k_cache: expected Hkv >= 1 at dimension 2, got {}", d.Hkv));
+  }
+  if (d.Ev < 1) throw Error(fmt::format("v_cache: expected Ev >= 1 at dimension 3, got {}", d.Ev));
+  if (d.Hq % d.Hkv != 0) {
+    throw Error(fmt::format(
+        "k_cache: expected a number of heads Hkv dividing q's Hq = {}, got Hkv = {}", d.Hq, d.Hkv));
+  }
+  check_dim(k_cache, 3, d.E, "k_cache", "q's E");
+  check_dim(v_cache, 2, d.Hkv, "v_cache", "k_cache's Hkv");
+  const char* dim0 = r.paged ? "k_cache's num_blocks" : "k_cache's batch";
+  const char* dim1 = r.paged ? "k_cache's page_size" : "k_cache's S_max";
+  check_dim(v_cache, 0, k_cache.shape[0], "v_cache", dim0);
+  check_dim(v_cache, 1, k_cache.shape[1], "v_cache", dim1);
+
+  if (r.paged) {
+    const Int32TensorRef& bt = *in.block_table;
+    if (bt.shape.size() != 2 || bt.shape[0] != d.batch || bt.shape[1] < 0) {
+      throw Error(fmt::format("block_table: expected shape (batch = {}, max_blocks), got {}",
+                              d.batch, shape_string(bt.shape)));
+    }
+    if (k_cache.shape[1] < 1) {
+      throw Error(fmt::format("k_cache: expected page_size >= 1 at dimension 1, got shape {}",
+                              shape_string(k_cache.shape)));
+    }
+    if (bt.data == nullptr && bt.shape[0] * bt.shape[1] > 0) {
+      throw Error("block_table: data pointer is null");
+    }
+    r.num_blocks = k_cache.shape[0];
+    d.page_size = k_cache.shape[1];
+    d.max_blocks = bt.shape[1];
+    d.block_table = bt.data;
+    r.capacity = d.max_blocks * d.page_size;
+  } else {
+    check_dim(k_cache, 0, d.batch, "k_cache", "q's batch");
+    r.capacity = k_cache.shape[1];
+    d.page_size = std::max<int64_t>(1, r.capacity);
+  }
+
+  r.cached.assign(static_cast<std::size_t>(d.batch), r.capacity);
+  if (in.cache_seqlens != nullptr) {
+    const Int32TensorRef& sl = *in.cache_seqlens;
+    if (sl.shape.size() != 1 || sl.shape[0] != d.batch) {
+      throw Error(fmt::format("cache_seqlens: expected shape (batch = {},), got {}", d.batch,
+                              shape_string(sl.shape)));
+    }
+    if (sl.data == nullptr && d.batch > 0) throw Error("cache_seqlens: data pointer is null");
+    for (int64_t b = 0; b < d.batch; ++b) {
+      const int64_t n = sl.data[b];
+      if (n < 0 || n > r.capacity) {
+        throw Error(
+            fmt::format("cache_seqlens: expected lengths in [0, {}] (the cache's capacity"
+                        "), got cache_seqlens[{}] = {}",
+                        r.capacity, b, n));
+      }
+      r.cached[static_cast<std::size_t>(b)] = n;
+    }
+  }
+
+  if ((in.k == nullptr) != (in.v == nullptr)) {
+    const char* missing = in.k == nullptr ? "k" : "v";
+    const char* given = in.k == nullptr ? "v" : "k";
+    throw Error(
+        fmt::format("{}: expected k and v together, got {} without {}", missing, given, missing));
+  }
+  if (in.k != nullptr) {
+    check_float_rank4(*in.k, "k", "(batch, L_new, Hkv, E)");
+    check_float_rank4(*in.v, "v", "(batch, L_new, Hkv, Ev)");
+    check_dtype(*in.k, q.dtype, "k");
+    check_dtype(*in.v, q.dtype, "v");
+    check_dim(*in.k, 0, d.batch, "k", "q's batch");
+    check_dim(*in.k, 2, d.Hkv, "k", "k_cache's Hkv");
+    check_dim(*in.k, 3, d.E, "k", "q's E");
+    check_dim(*in.v, 0, d.batch, "v", "q's batch");
+    check_dim(*in.v, 1, in.k->shape[1], "v", "k's L_new");
+    check_dim(*in.v, 2, d.Hkv, "v", "k_cache's Hkv");
+    check_dim(*in.v, 3, d.Ev, "v", "v_cache's Ev");
+    r.L_new = in.k->shape[1];
+    for (int64_t b = 0; b < d.batch; ++b) {
+      const int64_t n = r.cached[static_cast<std::size_t>(b)];
+      if (n + r.L_new > r.capacity) {
+        throw Error(
+            fmt::format("k: appending {} rows at cache_seqlens[{}] = {} would pass the "
+                        "cache's capacity {}",
+                        r.L_new, b, n, r.capacity));
+      }
+    }
+  }
+
+  d.seq_lens.resize(static_cast<std::size_t>(d.batch));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    d.seq_lens[static_cast<std::size_t>(b)] = r.cached[static_cast<std::size_t>(b)] + r.L_new;
+  }
+  if (r.paged) {
+    // Every page a sequence reads (its first ceil(S_b / page_size) entries) must exist; the
+    // entries past them are never read and may hold anything (-1 padding, say).
+    std::vector<std::pair<int64_t, int64_t>> appended;  // (page, row in page) written
+    for (int64_t b = 0; b < d.batch; ++b) {
+      const int64_t S = d.seq_lens[static_cast<std::size_t>(b)];
+      const int64_t pages = (S + d.page_size - 1) / d.page_size;
+      for (int64_t i = 0; i < pages; ++i) {
+        const int64_t page = d.block_table[b * d.max_blocks + i];
+        if (page < 0 || page >= r.num_blocks) {
+          throw Error(fmt::format(
+              "block_table: expected block indices in [0, {}) (k_cache's num_blocks), got "
+              "block_table[{}][{}] = {} (sequence {} uses {} pages of {} rows)",
+              r.num_blocks, b, i, page, b, pages, d.page_size));
+        }
+      }
+      for (int64_t s = r.cached[static_cast<std::size_t>(b)]; s < S; ++s) {
+        appended.emplace_back(d.block_table[b * d.max_blocks + s / d.page_size], s % d.page_size);
+      }
+    }
+    std::sort(appended.begin(), appended.end());
+    const auto dup = std::adjacent_find(appended.begin(), appended.end());
+    if (dup != appended.end()) {
+      throw Error(
+          fmt::format("block_table: expected distinct cache rows for the appended k/v, "
+                      "got two sequences writing row {} of block {}",
+                      dup->second, dup->first));
+    }
+  }
+  return r;
+}
+
+void check_outputs(const Resolved& r, const MutableTensorRef& out, const MutableTensorRef* lse) {
+  const detail::DecodeProblem& d = r.decode;
+  detail::check_tensor(out, d.dtype, {d.batch, d.L, d.Hq, d.Ev}, "out");
+  if (lse != nullptr) detail::check_tensor(*lse, d.dtype, {d.batch, d.Hq, d.L}, "lse");
+}
+
+// Copies the new rows into the caches (after every check passed).
+void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& k_cache,
+            const MutableTensorRef& v_cache) {
+  const detail::DecodeProblem& d = r.decode;
+  const std::size_t es = dtype_size(d.dtype);
+  const std::size_t krow = static_cast<std::size_t>(d.Hkv * d.E) * es;
+  const std::size_t vrow = static_cast<std::size_t>(d.Hkv * d.Ev) * es;
+  auto* kc = static_cast<unsigned char*>(k_cache.data);
+  auto* vc = static_cast<unsigned char*>(v_cache.data);
+  const auto* kn = static_cast<const unsigned char*>(in.k->data);
+  const auto* vn = static_cast<const unsigned char*>(in.v->data);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t i = 0; i < r.L_new; ++i) {
+      const int64_t s = r.cached[static_cast<std::size_t>(b)] + i;
+      // One cache row holds every head of one position: Hkv * E contiguous elements.
+      const int64_t slot =
+          r.paged
+              ? d.block_table[b * d.max_blocks + s / d.page_size] * d.page_size + s % d.page_size
+              : b * r.capacity + s;
+      const auto src = static_cast<std::size_t>(b * r.L_new + i);
+      std::memcpy(kc + static_cast<std::size_t>(slot) * krow, kn + src * krow, krow);
+      std::memcpy(vc + static_cast<std::size_t>(slot) * vrow, vn + src * vrow, vrow);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::int64_t> kvcache_output_shape(const TensorRef& q, const TensorRef& k_cache,
+                                               const TensorRef& v_cache,
+                                               const KVCacheInputs& inputs) {
+  const Resolved r = resolve(q, k_cache, v_cache, inputs);
+  return {r.decode.batch, r.decode.L, r.decode.Hq, r.decode.Ev};
+}
+
+void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
+                            const MutableTensorRef& v_cache, const KVCacheInputs& inputs,
+                            const KVCacheOptions& options, const MutableTensorRef& out,
+                            const MutableTensorRef* lse) {
+  Resolved r = resolve(q, k_cache, v_cache, inputs);
+  check_outputs(r, out, lse);
+  detail::DecodeProblem& d = r.decode;
+  if (options.scale.has_value() && !std::isfinite(*options.scale)) {
+    throw Error(fmt::format("scale: expected a finite number, got {}", *options.scale));
+  }
+  d.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.E)));
+  d.causal = options.causal ? Causal::lower_right : Causal::none;
+  d.threads = resolve_threads(options.threads);
+  // Every check has passed: from here on the call succeeds.
+  if (r.L_new > 0) append(r, inputs, k_cache, v_cache);
+  if (d.batch * d.L * d.Hq == 0) return;
+
+  // q (batch, L, Hq, E), out (batch, L, Hq, Ev), lse (batch, Hq, L)
+  d.q = q.data;
+  d.q_sh = d.E;
+  d.q_sl = d.Hq * d.E;
+  d.q_sb = d.L * d.Hq * d.E;
+  d.out = out.data;
+  d.o_sh = d.Ev;
+  d.o_sl = d.Hq * d.Ev;
+  d.o_sb = d.L * d.Hq * d.Ev;
+  d.lse = lse != nullptr ? lse->data : nullptr;
+  d.lse_sl = 1;
+  d.lse_sh = d.L;
+  d.lse_sb = d.Hq * d.L;
+  // Cache row s of a page holds every head: (page, s, hkv, e) at ((page * P + s) * Hkv + hkv) * E
+  // + e, with P = page_size (the capacity S_max for a contiguous cache, one page per sequence).
+  d.k = k_cache.data;
+  d.v = v_cache.data;
+  d.k_head = d.E;
+  d.k_row = d.Hkv * d.E;
+  d.k_page = d.page_size * d.Hkv * d.E;
+  d.v_head = d.Ev;
+  d.v_row = d.Hkv * d.Ev;
+  d.v_page = d.page_size * d.Hkv * d.Ev;
+  detail::decode_forward(d);
+}
+
+}  // namespace sdpa

@@ -1,0 +1,93 @@
+// The decode kernel: few queries against a long run of keys, at the speed of reading K and V.
+//
+// Two callers: attention_forward (core/attention.cpp) when the query is short (decode_applies),
+// and the KV-cache API (include/sdpa/kvcache.h, core/kvcache.cpp), whose caches may be paged.
+// Both describe their tensors to the kernel by strides, so the kernel reads the caller's K and
+// V where they lie and never copies them. The contract and the design are written above the
+// kernel in decode.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace sdpa::detail {
+
+/// Queries with L <= kDecodeMaxQueries go to the decode kernel when attention_forward is asked
+/// for the fast implementation. Above that the fused kernel's register-blocked products win:
+/// the decode kernel takes one dot product per (query row, key), so its arithmetic grows with L
+/// while its memory traffic does not.
+inline constexpr std::int64_t kDecodeMaxQueries = 16;
+
+/// The keys of each sequence are cut into at most kDecodeMaxChunks chunks of at least
+/// kDecodeMinChunk keys (a multiple of the kernel's key tile). The cut depends only on the
+/// sequence's length, never on the thread count, so the order of every sum, and with it the
+/// result, is the same for any number of threads. 16 chunks give 16 * Hkv * batch work items:
+/// 128 for one Llama-3-8B layer (Hkv = 8), enough to balance 2..16 threads; 512 keys per chunk
+/// keep the per-chunk costs (a partial result of G * L * Ev values and its merge) below 1%.
+inline constexpr std::int64_t kDecodeMaxChunks = 16;
+inline constexpr std::int64_t kDecodeMinChunk = 512;
+
+/// Keys per tile of the kernel: a multiple of every target's lane count (the row operations need
+/// it); 32 keys of K and V at E = Ev = 128 float32 are 32 KiB, within the 32-48 KiB L1d of both
+/// machines this was measured on.
+#ifndef SDPA_DECODE_TILE
+#define SDPA_DECODE_TILE 32
+#endif
+inline constexpr std::int64_t kDecodeTile = SDPA_DECODE_TILE;
+
+/// Keys per chunk for a sequence of S keys (>= 1 even for S = 0).
+std::int64_t decode_chunk_keys(std::int64_t S);
+
+/// One decode call, described by strides (in elements) so that both callers' layouts fit.
+///   query (b, h, l, e)   at q   + b * q_sb + h * q_sh + l * q_sl + e      (h < Hq, l < L, e < E)
+///   out   (b, h, l, e)   at out + b * o_sb + h * o_sh + l * o_sl + e      (e < Ev)
+///   lse   (b, h, l)      at lse + b * lse_sb + h * lse_sh + l * lse_sl    (lse may be null)
+///   key (b, hkv, s, e)   at k + page(b, s) * k_page + (s % page_size) * k_row + hkv * k_head + e
+///   value                the same with v_page, v_row, v_head (e < Ev)
+/// with page(b, s) = block_table[b * max_blocks + s / page_size] when block_table is given,
+/// else b (one page per sequence: page_size is then the sequence capacity).
+/// Sequence b has seq_lens[b] keys; query row l of it sees key s when s <= last key, where the
+/// last key is l (upper-left), l + seq_lens[b] - L (lower-right) or seq_lens[b] - 1 (none).
+/// mask_problem, when not null, is the attention_forward problem whose mask (and causal rule)
+/// then decide visibility, exactly as in the fused kernel.
+struct DecodeProblem {
+  DType dtype = DType::float32;
+  std::int64_t batch = 0, Hq = 1, Hkv = 1, L = 0, E = 0, Ev = 0;
+  double scale = 1.0;
+  Causal causal = Causal::none;
+  int threads = 1;
+
+  const void* q = nullptr;
+  std::int64_t q_sb = 0, q_sh = 0, q_sl = 0;
+  void* out = nullptr;
+  std::int64_t o_sb = 0, o_sh = 0, o_sl = 0;
+  void* lse = nullptr;
+  std::int64_t lse_sb = 0, lse_sh = 0, lse_sl = 0;
+
+  const void* k = nullptr;
+  const void* v = nullptr;
+  std::int64_t k_page = 0, k_row = 0, k_head = 0;
+  std::int64_t v_page = 0, v_row = 0, v_head = 0;
+  std::int64_t page_size = 1;
+  const std::int32_t* block_table = nullptr;
+  std::int64_t max_blocks = 0;
+  std::vector<std::int64_t> seq_lens;  // one per sequence
+
+  const Problem* mask_problem = nullptr;
+};
+
+/// Runs the decode kernel (float32 or float64) on the best SIMD target.
+void decode_forward(const DecodeProblem& p);
+
+/// True when attention_forward's fast implementation hands `p` to the decode kernel.
+bool decode_applies(const Problem& p);
+
+/// The decode kernel for an attention_forward problem (layouts of core/problem.h).
+void decode_forward(const Problem& p, void* out, void* lse);
+
+/// Name of the Highway target the next decode call would run on.
+const char* decode_kernel_target();
+
+}  // namespace sdpa::detail

@@ -1,0 +1,632 @@
+// The decode kernel (src/kernels/decode.cpp) and the KV-cache API (include/sdpa/kvcache.h)
+// against the float64 reference.
+//
+// Accuracy rule (the fused kernel's, flash-attention's tests): the error of the result against
+// the reference computed in float64 is at most 2 x the error of the naive three-pass
+// implementation in the same precision, plus a floor of 8 epsilons of the largest magnitude.
+// The KV-cache reference gathers every sequence's rows out of the (paged) cache into plain
+// (1, Hkv, S_b, E) tensors, so it shares no indexing code with the kernel.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../common/test_util.h"
+#include "hwy/targets.h"
+#include "kernels/decode.h"
+#include "sdpa/array.h"
+#include "sdpa/kvcache.h"
+#include "sdpa/sdpa.h"
+
+namespace {
+
+using sdpa::Array;
+using sdpa::DType;
+using sdpa::test::get;
+using sdpa::test::random_array;
+using std::int64_t;
+
+double eps_of(DType d) {
+  return d == DType::float32 ? std::numeric_limits<float>::epsilon()
+                             : std::numeric_limits<double>::epsilon();
+}
+
+// Element (b, i, h, e) of a (batch, n, H, F) tensor.
+int64_t at4(const Array& a, int64_t b, int64_t i, int64_t h, int64_t e) {
+  const auto& s = a.shape();
+  return ((b * s[1] + i) * s[2] + h) * s[3] + e;
+}
+
+// ---- one KV-cache call and its reference ---------------------------------------------------
+
+struct CacheCase {
+  DType dtype = DType::float32;
+  int64_t batch = 2, L = 1, Hq = 4, Hkv = 2, E = 16, Ev = 16;
+  int64_t page = 0;       // 0: contiguous cache (batch, S_max, ...); else paged with this page size
+  int64_t capacity = 64;  // S_max, or max_blocks * page
+  std::vector<int32_t> seqlens;  // cached rows per sequence before the call
+  int64_t L_new = 0;             // rows appended
+  bool causal = false;
+  int threads = 2;
+  std::uint64_t seed = 1;
+
+  std::string name() const {
+    std::string lens;
+    for (auto n : seqlens) lens += fmt::format(" {}", n);
+    return fmt::format("{} B{} L{} Hq{} Hkv{} E{} Ev{} page{} cap{} new{}{} lens{}",
+                       sdpa::dtype_name(dtype), batch, L, Hq, Hkv, E, Ev, page, capacity, L_new,
+                       causal ? " causal" : "", lens);
+  }
+};
+
+struct CacheCall {
+  Array q, k_cache, v_cache, k, v;
+  sdpa::Int32TensorRef seqlens_ref, table_ref;
+  std::vector<int32_t> seqlens, table;
+  int64_t max_blocks = 0, num_blocks = 0;
+  sdpa::TensorRef k_ref, v_ref;
+  sdpa::KVCacheInputs inputs;
+
+  // Physical cache row of row s of sequence b (row = every head of one position).
+  int64_t slot(const CacheCase& c, int64_t b, int64_t s) const {
+    if (c.page == 0) return b * c.capacity + s;
+    return int64_t{table[static_cast<size_t>(b * max_blocks + s / c.page)]} * c.page + s % c.page;
+  }
+};
+
+// Random caches; paged caches get a shuffled block table (pages of a sequence scattered, unused
+// entries -1) with two spare blocks that no sequence uses.
+CacheCall make_call(const CacheCase& c) {
+  CacheCall x;
+  x.seqlens = c.seqlens;
+  x.q = random_array(c.dtype, {c.batch, c.L, c.Hq, c.E}, c.seed * 11 + 1);
+  if (c.page == 0) {
+    x.k_cache = random_array(c.dtype, {c.batch, c.capacity, c.Hkv, c.E}, c.seed * 11 + 2);
+    x.v_cache = random_array(c.dtype, {c.batch, c.capacity, c.Hkv, c.Ev}, c.seed * 11 + 3);
+  } else {
+    x.max_blocks = c.capacity / c.page;
+    x.num_blocks = c.batch * x.max_blocks + 2;
+    x.k_cache = random_array(c.dtype, {x.num_blocks, c.page, c.Hkv, c.E}, c.seed * 11 + 2);
+    x.v_cache = random_array(c.dtype, {x.num_blocks, c.page, c.Hkv, c.Ev}, c.seed * 11 + 3);
+    std::vector<int32_t> ids(static_cast<size_t>(x.num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::mt19937_64 rng(c.seed);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    x.table.assign(static_cast<size_t>(c.batch * x.max_blocks), -1);
+    size_t next = 0;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const int64_t used = (c.seqlens[static_cast<size_t>(b)] + c.L_new + c.page - 1) / c.page;
+      for (int64_t i = 0; i < used; ++i)
+        x.table[static_cast<size_t>(b * x.max_blocks + i)] = ids[next++];
+    }
+    x.table_ref = {x.table.data(), {c.batch, x.max_blocks}};
+    x.inputs.block_table = &x.table_ref;
+  }
+  x.seqlens_ref = {x.seqlens.data(), {c.batch}};
+  x.inputs.cache_seqlens = &x.seqlens_ref;
+  if (c.L_new > 0) {
+    x.k = random_array(c.dtype, {c.batch, c.L_new, c.Hkv, c.E}, c.seed * 11 + 4);
+    x.v = random_array(c.dtype, {c.batch, c.L_new, c.Hkv, c.Ev}, c.seed * 11 + 5);
+    x.k_ref = x.k.ref();
+    x.v_ref = x.v.ref();
+    x.inputs.k = &x.k_ref;
+    x.inputs.v = &x.v_ref;
+  }
+  return x;
+}
+
+struct Result {
+  Array out, lse;
+};
+
+Result run_kvcache(const CacheCase& c, CacheCall& x) {
+  Result r{Array(c.dtype, {c.batch, c.L, c.Hq, c.Ev}), Array(c.dtype, {c.batch, c.Hq, c.L})};
+  sdpa::KVCacheOptions o;
+  o.causal = c.causal;
+  o.threads = c.threads;
+  const sdpa::MutableTensorRef lse = r.lse.mut();
+  sdpa::attention_with_kvcache(x.q, x.k_cache.mut(), x.v_cache.mut(), x.inputs, o, r.out.mut(),
+                               &lse);
+  return r;
+}
+
+// The cache `x` (after the call) gathered into plain tensors for sequence b, in `dtype`.
+void gather(const CacheCase& c, const CacheCall& x, int64_t b, DType dtype, Array* q, Array* k,
+            Array* v) {
+  const int64_t S = x.seqlens[static_cast<size_t>(b)] + c.L_new;
+  *q = Array(dtype, {1, c.Hq, c.L, c.E});
+  *k = Array(dtype, {1, c.Hkv, S, c.E});
+  *v = Array(dtype, {1, c.Hkv, S, c.Ev});
+  for (int64_t h = 0; h < c.Hq; ++h)
+    for (int64_t i = 0; i < c.L; ++i)
+      for (int64_t e = 0; e < c.E; ++e)
+        sdpa::test::set(*q, (h * c.L + i) * c.E + e, get(x.q, at4(x.q, b, i, h, e)));
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t row = x.slot(c, b, s);
+    for (int64_t h = 0; h < c.Hkv; ++h) {
+      for (int64_t e = 0; e < c.E; ++e)
+        sdpa::test::set(*k, (h * S + s) * c.E + e, get(x.k_cache, (row * c.Hkv + h) * c.E + e));
+      for (int64_t e = 0; e < c.Ev; ++e)
+        sdpa::test::set(*v, (h * S + s) * c.Ev + e, get(x.v_cache, (row * c.Hkv + h) * c.Ev + e));
+    }
+  }
+}
+
+// Checks out/lse of a call (made on `x`, after it) against the float64 reference.
+void check_against_reference(const CacheCase& c, const CacheCall& x, const Result& r) {
+  const double eps = eps_of(c.dtype);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t S = x.seqlens[static_cast<size_t>(b)] + c.L_new;
+    if (S == 0) {  // nothing to attend to: zeros and lse = -inf
+      for (int64_t i = 0; i < c.L; ++i)
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          for (int64_t e = 0; e < c.Ev; ++e) ASSERT_EQ(get(r.out, at4(r.out, b, i, h, e)), 0.0);
+          ASSERT_EQ(get(r.lse, (b * c.Hq + h) * c.L + i), -INFINITY) << c.name();
+        }
+      continue;
+    }
+    Array q64, k64, v64, q, k, v;
+    gather(c, x, b, DType::float64, &q64, &k64, &v64);
+    gather(c, x, b, c.dtype, &q, &k, &v);
+    sdpa::AttentionOptions o;
+    o.causal = c.causal ? sdpa::Causal::lower_right : sdpa::Causal::none;
+    o.enable_gqa = c.Hq != c.Hkv;
+    o.impl = sdpa::Impl::reference;
+    Array ref(DType::float64, {1, c.Hq, c.L, c.Ev}), ref_lse(DType::float64, {1, c.Hq, c.L});
+    const sdpa::MutableTensorRef ref_lse_m = ref_lse.mut();
+    sdpa::attention_forward(q64, k64, v64, nullptr, o, ref.mut(), &ref_lse_m);
+    o.impl = sdpa::Impl::naive;
+    Array naive(c.dtype, {1, c.Hq, c.L, c.Ev}), naive_lse(c.dtype, {1, c.Hq, c.L});
+    const sdpa::MutableTensorRef naive_lse_m = naive_lse.mut();
+    sdpa::attention_forward(q, k, v, nullptr, o, naive.mut(), &naive_lse_m);
+    double err = 0, err_naive = 0, big = 0, lerr = 0, lerr_naive = 0, lbig = 0;
+    int64_t worst = -1;
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.L; ++i) {
+        for (int64_t e = 0; e < c.Ev; ++e) {
+          const int64_t ri = (h * c.L + i) * c.Ev + e;
+          const double want = get(ref, ri), got = get(r.out, at4(r.out, b, i, h, e));
+          const double d = std::isnan(got) ? INFINITY : std::fabs(got - want);
+          if (d > err) {
+            err = d;
+            worst = ri;
+          }
+          err_naive = std::max(err_naive, std::fabs(get(naive, ri) - want));
+          big = std::max(big, std::fabs(want));
+        }
+        const int64_t li = h * c.L + i;
+        const double want = get(ref_lse, li), got = get(r.lse, (b * c.Hq + h) * c.L + i);
+        if (std::isinf(want)) {
+          ASSERT_EQ(got, want) << c.name();
+          continue;
+        }
+        lerr = std::max(lerr, std::isnan(got) ? INFINITY : std::fabs(got - want));
+        lerr_naive = std::max(lerr_naive, std::fabs(get(naive_lse, li) - want));
+        lbig = std::max(lbig, std::fabs(want));
+      }
+    EXPECT_LE(err, 2 * err_naive + 8 * eps * std::max(big, 1.0))
+        << c.name() << " sequence " << b << " worst element " << worst << " naive " << err_naive;
+    EXPECT_LE(lerr, 2 * lerr_naive + 8 * eps * std::max(lbig, 1.0))
+        << c.name() << " lse, sequence " << b;
+  }
+}
+
+// The case, its call, and the append check: the cache after the call is the cache before with
+// exactly the new rows written at their slots.
+void check_case(const CacheCase& c) {
+  SCOPED_TRACE(c.name());
+  CacheCall x = make_call(c);
+  Array k_expected = x.k_cache.astype(c.dtype), v_expected = x.v_cache.astype(c.dtype);
+  const size_t es = sdpa::dtype_size(c.dtype);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.L_new; ++i) {
+      const int64_t row = x.slot(c, b, x.seqlens[static_cast<size_t>(b)] + i);
+      std::memcpy(static_cast<char*>(k_expected.data()) + row * c.Hkv * c.E * es,
+                  static_cast<const char*>(x.k.data()) + (b * c.L_new + i) * c.Hkv * c.E * es,
+                  c.Hkv * c.E * es);
+      std::memcpy(static_cast<char*>(v_expected.data()) + row * c.Hkv * c.Ev * es,
+                  static_cast<const char*>(x.v.data()) + (b * c.L_new + i) * c.Hkv * c.Ev * es,
+                  c.Hkv * c.Ev * es);
+    }
+  const Result r = run_kvcache(c, x);
+  ASSERT_EQ(std::memcmp(x.k_cache.data(), k_expected.data(), k_expected.nbytes()), 0)
+      << "k_cache after the append";
+  ASSERT_EQ(std::memcmp(x.v_cache.data(), v_expected.data(), v_expected.nbytes()), 0)
+      << "v_cache after the append";
+  check_against_reference(c, x, r);
+}
+
+// A seeded sweep: L = 1..16, GQA groups 1, 3, 4, 8, odd E/Ev, contiguous and paged (16, 256)
+// caches, lengths on and off page boundaries, empty sequences, appends, causal or not.
+std::vector<CacheCase> sweep(DType dtype, int count, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto pick = [&](std::initializer_list<int64_t> v) {
+    return *(v.begin() + static_cast<long>(rng() % v.size()));
+  };
+  std::vector<CacheCase> cases;
+  for (int n = 0; n < count; ++n) {
+    CacheCase c;
+    c.dtype = dtype;
+    c.seed = seed * 1000 + static_cast<std::uint64_t>(n);
+    c.L = 1 + n % 16;
+    const int64_t groups[][2] = {{1, 1}, {4, 1}, {6, 2}, {8, 1}, {3, 3}, {8, 2}};
+    const auto& g = groups[rng() % 6];
+    c.Hq = g[0];
+    c.Hkv = g[1];
+    c.E = pick({1, 3, 16, 17, 33, 64});
+    c.Ev = n % 3 == 0 ? pick({1, 5, 31, 64}) : c.E;
+    c.page = pick({0, 16, 256});
+    c.batch = 1 + static_cast<int64_t>(rng() % 3);
+    c.L_new = n % 2 == 0 ? c.L : static_cast<int64_t>(rng() % 3);
+    c.causal = rng() % 2 == 0;
+    c.threads = 1 + static_cast<int>(rng() % 3);
+    const int64_t blocks = c.page == 0 ? 1 : 1 + static_cast<int64_t>(rng() % 4);
+    c.capacity = c.page == 0 ? pick({1, 37, 300, 700}) + c.L_new : blocks * c.page;
+    const int64_t room = c.capacity - c.L_new;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      int64_t len = static_cast<int64_t>(rng() % static_cast<std::uint64_t>(room + 1));
+      if (rng() % 4 == 0) len = 0;                                       // empty
+      if (c.page != 0 && rng() % 3 == 0) len = (len / c.page) * c.page;  // on a page boundary
+      len = std::min(len, room);
+      c.seqlens.push_back(static_cast<int32_t>(len));
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+TEST(KVCache, SweepFloat32) {
+  for (const CacheCase& c : sweep(DType::float32, 48, 1)) check_case(c);
+}
+
+TEST(KVCache, SweepFloat64) {
+  for (const CacheCase& c : sweep(DType::float64, 16, 2)) check_case(c);
+}
+
+TEST(KVCache, PageBoundaries) {
+  // Lengths ending exactly on, one before and one after a page boundary, for pages of 16 and 256.
+  for (int64_t page : {16, 256}) {
+    for (int64_t end : {page - 1, page, page + 1, 2 * page}) {
+      for (int64_t L_new : {0, 1, 3}) {
+        CacheCase c;
+        c.page = page;
+        c.capacity = 3 * page;
+        c.L = L_new == 0 ? 2 : L_new;
+        c.L_new = L_new;
+        c.causal = L_new > 0;
+        c.seqlens = {static_cast<int32_t>(end - L_new), static_cast<int32_t>(end - L_new - 1)};
+        c.seed = static_cast<std::uint64_t>(page + end + L_new);
+        check_case(c);
+      }
+    }
+  }
+}
+
+TEST(KVCache, EmptySequencesGiveZerosAndMinusInfinity) {
+  CacheCase c;
+  c.batch = 3;
+  c.L = 2;
+  c.seqlens = {0, 5, 0};
+  check_case(c);  // asserts zeros and lse = -inf for sequences 0 and 2
+  c.page = 16;
+  c.seqlens = {0, 16, 0};
+  check_case(c);
+}
+
+TEST(KVCache, DecodeShapeLongSequence) {
+  // Many chunks (S = 5000: 10 chunks of 512) with GQA, paged and not.
+  for (int64_t page : {0, 256}) {
+    CacheCase c;
+    c.batch = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.E = c.Ev = 32;
+    c.page = page;
+    c.capacity = 5120;
+    c.seqlens = {4999, 2500};
+    c.L_new = 1;
+    c.L = 1;
+    c.causal = true;
+    check_case(c);
+  }
+}
+
+// ---- thread-count identity --------------------------------------------------------------------
+
+TEST(KVCache, BitIdenticalForAnyThreadCount) {
+  CacheCase c;
+  c.batch = 3;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.L = 3;
+  c.E = c.Ev = 24;
+  c.page = 16;
+  c.capacity = 4096;
+  c.seqlens = {4000, 1, 2047};
+  c.causal = true;
+  Result first;
+  for (int threads : {1, 2, 3, 5, 8}) {
+    c.threads = threads;
+    CacheCall x = make_call(c);
+    const Result r = run_kvcache(c, x);
+    if (threads == 1) {
+      first = Result{r.out.astype(c.dtype), r.lse.astype(c.dtype)};
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(r.out.data(), first.out.data(), first.out.nbytes()), 0)
+        << threads << " threads";
+    EXPECT_EQ(std::memcmp(r.lse.data(), first.lse.data(), first.lse.nbytes()), 0)
+        << threads << " threads";
+  }
+}
+
+// ---- refused calls leave everything untouched -------------------------------------------------
+
+struct Refusal {
+  const char* what;  // the argument the message must name
+  std::function<void(CacheCase&, CacheCall&, sdpa::KVCacheOptions&, Array& out)> breaks;
+};
+
+TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
+  std::vector<int32_t> bad_table, short_lens;
+  Array other;
+  sdpa::TensorRef other_ref;
+  sdpa::Int32TensorRef table2;
+  const std::vector<Refusal> refusals = {
+      {"block_table", [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&,
+                          Array&) { x.table[0] = static_cast<int32_t>(x.num_blocks); }},
+      {"block_table",
+       [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) { x.table[1] = -1; }},
+      {"cache_seqlens", [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&,
+                            Array&) { x.seqlens[1] = static_cast<int32_t>(c.capacity + 1); }},
+      {"cache_seqlens",
+       [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) { x.seqlens[0] = -3; }},
+      {"k",  // the append would pass the capacity
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.seqlens[1] = static_cast<int32_t>(c.capacity - 1);
+       }},
+      {"k",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         other = random_array(DType::float64, {c.batch, c.L_new, c.Hkv, c.E}, 9);
+         other_ref = other.ref();
+         x.inputs.k = &other_ref;
+       }},
+      {"v",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         other = random_array(c.dtype, {c.batch, c.L_new, c.Hkv + 1, c.Ev}, 9);
+         other_ref = other.ref();
+         x.inputs.v = &other_ref;
+       }},
+      {"v", [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) { x.inputs.v = nullptr; }},
+      {"v_cache",  // pages of another size: the two caches do not tile alike
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.v_cache = random_array(c.dtype, {x.num_blocks, c.page / 2, c.Hkv, c.Ev}, 9);
+       }},
+      {"v_cache",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.v_cache = random_array(c.dtype, {x.num_blocks, c.page, c.Hkv - 1, c.Ev}, 9);
+       }},
+      {"k_cache",  // Hq = 4 is not a multiple of Hkv = 3
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.k_cache = random_array(c.dtype, {x.num_blocks, c.page, 3, c.E}, 9);
+         x.v_cache = random_array(c.dtype, {x.num_blocks, c.page, 3, c.Ev}, 9);
+       }},
+      {"k_cache",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.k_cache = random_array(DType::float64, {x.num_blocks, c.page, c.Hkv, c.E}, 9);
+       }},
+      {"k_cache",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.k_cache = random_array(c.dtype, {x.num_blocks, c.page, c.Hkv, c.E + 1}, 9);
+       }},
+      {"block_table",
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         table2 = {x.table.data(), {c.batch + 1, x.max_blocks / 2}};
+         x.inputs.block_table = &table2;
+       }},
+      {"block_table",  // both sequences would append into the same cache row
+       [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         x.seqlens[0] = 5;
+         x.seqlens[1] = 5;
+         x.table[static_cast<size_t>(x.max_blocks)] = x.table[0];
+       }},
+      {"out",
+       [&](CacheCase& c, CacheCall&, sdpa::KVCacheOptions&, Array& out) {
+         out = Array(c.dtype, {c.batch, c.L, c.Hq, c.Ev + 1});
+       }},
+      {"threads", [&](CacheCase&, CacheCall&, sdpa::KVCacheOptions& o, Array&) { o.threads = -1; }},
+      {"scale",
+       [&](CacheCase&, CacheCall&, sdpa::KVCacheOptions& o, Array&) { o.scale = std::nan(""); }},
+  };
+  for (size_t n = 0; n < refusals.size(); ++n) {
+    const Refusal& f = refusals[n];
+    CacheCase c;
+    c.page = 16;
+    c.capacity = 64;
+    c.L = 2;
+    c.L_new = 2;
+    c.seqlens = {20, 33};
+    CacheCall x = make_call(c);
+    sdpa::KVCacheOptions o;
+    Array out(c.dtype, {c.batch, c.L, c.Hq, c.Ev}), lse(c.dtype, {c.batch, c.Hq, c.L});
+    f.breaks(c, x, o, out);
+    const Array k_before = x.k_cache.astype(x.k_cache.dtype());
+    const Array v_before = x.v_cache.astype(x.v_cache.dtype());
+    const Array out_before = out.astype(out.dtype()), lse_before = lse.astype(lse.dtype());
+    const sdpa::MutableTensorRef lse_m = lse.mut();
+    try {
+      sdpa::attention_with_kvcache(x.q, x.k_cache.mut(), x.v_cache.mut(), x.inputs, o, out.mut(),
+                                   &lse_m);
+      ADD_FAILURE() << "refusal " << n << " (" << f.what << ") was accepted";
+    } catch (const sdpa::Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(std::string(f.what) + ":", 0), 0u)
+          << "refusal " << n << ": '" << e.what() << "' should start with '" << f.what << ":'";
+    }
+    EXPECT_EQ(std::memcmp(x.k_cache.data(), k_before.data(), k_before.nbytes()), 0)
+        << "refusal " << n << " changed k_cache";
+    EXPECT_EQ(std::memcmp(x.v_cache.data(), v_before.data(), v_before.nbytes()), 0)
+        << "refusal " << n << " changed v_cache";
+    EXPECT_EQ(std::memcmp(out.data(), out_before.data(), out.nbytes()), 0)
+        << "refusal " << n << " wrote out";
+    EXPECT_EQ(std::memcmp(lse.data(), lse_before.data(), lse.nbytes()), 0)
+        << "refusal " << n << " wrote lse";
+  }
+}
+
+// ---- attention_forward's short-query path --------------------------------------------------
+
+// attention_forward (fast) with L <= 16 runs the decode kernel; the same accuracy rule as the
+// fused kernel, with masks, both causal alignments and GQA.
+void check_forward(int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t Ev,
+                   sdpa::Causal causal, int mask_kind, DType dtype, std::uint64_t seed,
+                   int threads = 2) {
+  sdpa::test::Case c;
+  c.lead = {2};
+  c.Hq = Hq;
+  c.Hkv = Hkv;
+  c.L = L;
+  c.S = S;
+  c.E = E;
+  c.Ev = Ev;
+  c.options.causal = causal;
+  c.options.enable_gqa = Hq != Hkv;
+  c.options.threads = threads;
+  c.mask_kind = mask_kind;
+  SCOPED_TRACE(c.name() + " " + sdpa::dtype_name(dtype));
+  const sdpa::test::Inputs in = sdpa::test::make_inputs(c, dtype, seed);
+  const auto out_shape = c.shape(Hq, L, Ev), lse_shape = std::vector<int64_t>{2, Hq, L};
+  Array out(dtype, out_shape), lse(dtype, lse_shape);
+  const sdpa::MutableTensorRef lse_m = lse.mut();
+  sdpa::attention_forward(in.q, in.k, in.v, in.mask_ref(), c.options, out.mut(), &lse_m);
+  Array ref(DType::float64, out_shape), ref_lse(DType::float64, lse_shape);
+  const sdpa::MutableTensorRef ref_lse_m = ref_lse.mut();
+  sdpa::AttentionOptions o = c.options;
+  o.impl = sdpa::Impl::reference;
+  const Array q64 = in.q.astype(DType::float64), k64 = in.k.astype(DType::float64),
+              v64 = in.v.astype(DType::float64);
+  sdpa::attention_forward(q64, k64, v64, in.mask_ref(), o, ref.mut(), &ref_lse_m);
+  o.impl = sdpa::Impl::naive;
+  Array naive(dtype, out_shape);
+  sdpa::attention_forward(in.q, in.k, in.v, in.mask_ref(), o, naive.mut(), nullptr);
+  std::int64_t worst = 0;
+  const double err = sdpa::test::max_abs_diff(out.astype(DType::float64), ref, &worst);
+  const double err_naive = sdpa::test::max_abs_diff(naive.astype(DType::float64), ref);
+  EXPECT_LE(err, 2 * err_naive + 8 * eps_of(dtype) * std::max(1.0, sdpa::test::max_abs(ref)))
+      << "worst element " << worst << ": " << get(out, worst) << " vs " << get(ref, worst);
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    const double want = get(ref_lse, i), got = get(lse, i);
+    if (std::isinf(want)) {
+      ASSERT_EQ(got, want) << "lse " << i;
+      // A row that sees no key: zeros.
+      for (int64_t e = 0; e < Ev; ++e) ASSERT_EQ(get(out, i * Ev + e), 0.0);
+    } else {
+      ASSERT_NEAR(got, want, 16 * eps_of(dtype) * std::max(1.0, std::fabs(want))) << "lse " << i;
+    }
+  }
+}
+
+TEST(DecodeForward, ShortQueriesMatchTheReference) {
+  std::uint64_t seed = 50;
+  const sdpa::Causal causals[] = {sdpa::Causal::none, sdpa::Causal::upper_left,
+                                  sdpa::Causal::lower_right};
+  for (int64_t L : {1, 2, 5, 16}) {
+    for (int mask_kind : {0, 1, 2}) {
+      check_forward(4, 2, L, 203, 17, L == 5 ? 9 : 17, causals[seed % 3], mask_kind, DType::float32,
+                    seed);
+      ++seed;
+    }
+  }
+  check_forward(3, 3, 7, 1100, 64, 64, sdpa::Causal::upper_left, 0, DType::float64, seed++);
+  check_forward(8, 1, 1, 1300, 33, 33, sdpa::Causal::none, 2, DType::float64, seed++);
+  // Upper-left causal over many chunks: early rows see only the first chunk, every later chunk
+  // is empty for them (m = -inf) and must drop out of the merge exactly.
+  check_forward(2, 1, 16, 3000, 16, 16, sdpa::Causal::upper_left, 0, DType::float32, seed++);
+  // L > S with upper-left... and lower-right, where the first rows see nothing at all.
+  check_forward(2, 2, 16, 9, 8, 8, sdpa::Causal::lower_right, 0, DType::float32, seed++);
+}
+
+TEST(DecodeForward, NonFiniteValuesOfMaskedKeysNeverReachTheOutput) {
+  const int64_t S = 700, E = 16;
+  Array q = random_array(DType::float32, {1, 2, 1, E}, 1);
+  Array k = random_array(DType::float32, {1, 2, S, E}, 2);
+  Array v = random_array(DType::float32, {1, 2, S, E}, 3);
+  Array mask(DType::boolean, {1, 1, 1, S});
+  for (int64_t s = 0; s < S; ++s) {
+    const bool hidden = s % 7 == 3;
+    mask.data_as<std::uint8_t>()[s] = hidden ? 0 : 1;
+    if (hidden) {
+      for (int64_t h = 0; h < 2; ++h) {
+        v.data_as<float>()[(h * S + s) * E + s % E] = NAN;
+        k.data_as<float>()[(h * S + s) * E] = INFINITY;
+      }
+    }
+  }
+  sdpa::AttentionOptions o;
+  Array out(DType::float32, {1, 2, 1, E});
+  const sdpa::TensorRef mask_ref = mask.ref();
+  sdpa::attention_forward(q, k, v, &mask_ref, o, out.mut());
+  EXPECT_TRUE(sdpa::test::all_finite(out));
+}
+
+TEST(DecodeForward, BitIdenticalForAnyThreadCount) {
+  const Array q = random_array(DType::float32, {2, 8, 4, 32}, 1);
+  const Array k = random_array(DType::float32, {2, 2, 4100, 32}, 2);
+  const Array v = random_array(DType::float32, {2, 2, 4100, 32}, 3);
+  sdpa::AttentionOptions o;
+  o.enable_gqa = true;
+  o.causal = sdpa::Causal::lower_right;
+  Array first(DType::float32, {2, 8, 4, 32});
+  o.threads = 1;
+  sdpa::attention_forward(q, k, v, nullptr, o, first.mut());
+  for (int threads : {2, 3, 7}) {
+    o.threads = threads;
+    Array out(DType::float32, {2, 8, 4, 32});
+    sdpa::attention_forward(q, k, v, nullptr, o, out.mut());
+    EXPECT_EQ(std::memcmp(out.data(), first.data(), out.nbytes()), 0) << threads << " threads";
+  }
+}
+
+TEST(DecodeForward, ChunkRuleIsFixed) {
+  // At most 16 chunks of at least 512 keys, a multiple of the tile; independent of threads.
+  EXPECT_EQ(sdpa::detail::decode_chunk_keys(0), 512);
+  EXPECT_EQ(sdpa::detail::decode_chunk_keys(512), 512);
+  EXPECT_EQ(sdpa::detail::decode_chunk_keys(8193), 544);
+  EXPECT_EQ(sdpa::detail::decode_chunk_keys(32768), 2048);
+  for (int64_t S : {1, 600, 5000, 32768, 100001}) {
+    const int64_t c = sdpa::detail::decode_chunk_keys(S);
+    EXPECT_EQ(c % sdpa::detail::kDecodeTile, 0);
+    EXPECT_LE((S + c - 1) / c, sdpa::detail::kDecodeMaxChunks) << S;
+  }
+}
+
+// ---- every compiled SIMD target ------------------------------------------------------------
+
+TEST(Decode, EveryCompiledTarget) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  bool saw_scalar = false;
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::printf("target %s\n", hwy::TargetName(target));
+    ASSERT_STREQ(sdpa::detail::decode_kernel_target(), hwy::TargetName(target));
+    saw_scalar = saw_scalar || target == HWY_SCALAR;
+    for (const CacheCase& c :
+         sweep(DType::float32, 6, 100 + static_cast<std::uint64_t>(target % 97)))
+      check_case(c);
+    for (const CacheCase& c : sweep(DType::float64, 2, 200)) check_case(c);
+    check_forward(4, 2, 3, 611, 80, 80, sdpa::Causal::lower_right, 2, DType::float32, 7);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_TRUE(saw_scalar) << "the SCALAR target should be compiled and tested";
+}
+
+}  // namespace

@@ -1,0 +1,48 @@
+#!/usr/bin/python3
+"""`sdpa bench --kv-cache` on tiny shapes: the JSON fields, the K/V byte count, paged and batch of
+lengths; `--peak --json` reports the streaming-read bandwidth; bad options exit 2 naming them."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import check, finish  # noqa: E402
+
+SDPA = os.environ["SDPA"]
+
+
+def run(*args):
+    return subprocess.run([SDPA, "bench", *args], capture_output=True, text=True)
+
+
+tiny = ["--kv-cache", "--heads", "4", "--kv-heads", "2", "--dim", "16", "--repeat", "3",
+        "--threads", "2", "--json"]
+for extra, lens, page in ((["--kv-seq", "300"], [300], 0),
+                          (["--kv-lens", "5,700,16", "--page-size", "16"], [5, 700, 16], 16),
+                          (["--kv-lens", "0,33", "--page-size", "256", "--seq", "3"], [0, 33], 256)):
+    r = run(*tiny, *extra)
+    check(r.returncode == 0, f"bench {extra} exit {r.returncode}: {r.stderr}")
+    if r.returncode != 0:
+        continue
+    j = json.loads(r.stdout)
+    for key in ("seconds_median", "kv_bytes", "kv_gbps_median", "read_gbps",
+                "percent_of_read_bandwidth", "target", "threads", "cpu"):
+        check(key in j, f"bench {extra}: field {key} missing")
+    check(j["kv_lens"] == lens and j["page_size"] == page and j["batch"] == len(lens),
+          f"bench {extra}: shape {j['kv_lens']} {j['page_size']}")
+    check(j["seq"] == (3 if "--seq" in extra else 1), f"bench {extra}: L defaults to 1")
+    want = sum(lens) * 2 * (16 + 16) * 4
+    check(j["kv_bytes"] == want, f"bench {extra}: kv_bytes {j['kv_bytes']} != {want}")
+    check(j["read_gbps"] > 0 and j["kv_gbps_median"] > 0, f"bench {extra}: rates")
+
+r = run("--peak", "--json")
+check(r.returncode == 0 and json.loads(r.stdout)["read_gbps"] > 0, "bench --peak --json read_gbps")
+
+for bad, option in ((["--kv-cache", "--page-size", "-1"], "--page-size"),
+                    (["--kv-cache", "--kv-lens", "5,-2"], "--kv-lens"),
+                    (["--kv-cache", "--kv-heads", "3"], "--kv-heads")):
+    r = run(*bad)
+    check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
+
+finish("decode bench CLI")

@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""sdpa.attention_with_kvcache from Python: against a NumPy float64 reference written from
+FlashAttention's definition, the in-place append, and refused calls that leave the caches
+unchanged. Run by ctest with PYTHONPATH pointing at the built module."""
+import numpy as np
+import pytest
+
+sdpa = pytest.importorskip("sdpa")
+
+
+def reference(q, k_cache, v_cache, seqlens, block_table, causal, scale=None):
+    """out (batch, L, Hq, Ev) and lse (batch, Hq, L) in float64, one sequence at a time."""
+    batch, L, Hq, E = q.shape
+    Hkv, Ev = k_cache.shape[2], v_cache.shape[3]
+    scale = 1 / np.sqrt(E) if scale is None else scale
+    out = np.zeros((batch, L, Hq, Ev))
+    lse = np.full((batch, Hq, L), -np.inf)
+    for b in range(batch):
+        S = int(seqlens[b])
+        if block_table is None:
+            k, v = k_cache[b, :S], v_cache[b, :S]
+        else:
+            page = k_cache.shape[1]
+            rows = [(block_table[b, s // page], s % page) for s in range(S)]
+            k = np.array([k_cache[p, o] for p, o in rows]).reshape(S, Hkv, E)
+            v = np.array([v_cache[p, o] for p, o in rows]).reshape(S, Hkv, Ev)
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            s = scale * q[b, :, h].astype(np.float64) @ k[:, g].astype(np.float64).T  # (L, S)
+            if causal:
+                s = np.where(np.arange(S)[None, :] <= np.arange(L)[:, None] + S - L, s, -np.inf)
+            m = s.max(axis=1, initial=-np.inf)
+            ok = np.isfinite(m)
+            p = np.exp(s - np.where(ok, m, 0)[:, None])
+            denom = p.sum(axis=1)
+            out[b, ok, h] = (p[ok] @ v[:, g].astype(np.float64)) / denom[ok, None]
+            lse[b, h, ok] = m[ok] + np.log(denom[ok])
+    return out, lse
+
+
+def make(rng, dtype, batch, L, Hq, Hkv, E, Ev, page, capacity, lens, L_new):
+    q = rng.standard_normal((batch, L, Hq, E)).astype(dtype)
+    if page:
+        max_blocks = capacity // page
+        num_blocks = batch * max_blocks + 1
+        k_cache = rng.standard_normal((num_blocks, page, Hkv, E)).astype(dtype)
+        v_cache = rng.standard_normal((num_blocks, page, Hkv, Ev)).astype(dtype)
+        table = rng.permutation(num_blocks)[: batch * max_blocks].reshape(batch, max_blocks)
+        table = table.astype(np.int32)
+    else:
+        k_cache = rng.standard_normal((batch, capacity, Hkv, E)).astype(dtype)
+        v_cache = rng.standard_normal((batch, capacity, Hkv, Ev)).astype(dtype)
+        table = None
+    k = rng.standard_normal((batch, L_new, Hkv, E)).astype(dtype) if L_new else None
+    v = rng.standard_normal((batch, L_new, Hkv, Ev)).astype(dtype) if L_new else None
+    return q, k_cache, v_cache, k, v, np.array(lens, dtype=np.int32), table
+
+
+def write_rows(cache, table, lens, new):
+    """The cache with the rows of `new` written at lens[b] (what the append must produce)."""
+    cache = cache.copy()
+    for b in range(new.shape[0]):
+        for i in range(new.shape[1]):
+            s = lens[b] + i
+            if table is None:
+                cache[b, s] = new[b, i]
+            else:
+                cache[table[b, s // cache.shape[1]], s % cache.shape[1]] = new[b, i]
+    return cache
+
+
+CASES = [
+    # dtype, batch, L, Hq, Hkv, E, Ev, page, capacity, lens, L_new, causal
+    (np.float32, 2, 1, 8, 2, 64, 64, 0, 100, [37, 0], 1, True),
+    (np.float32, 3, 4, 4, 4, 17, 9, 16, 64, [16, 31, 0], 4, True),
+    (np.float64, 2, 16, 6, 2, 33, 33, 256, 512, [300, 255], 0, False),
+    (np.float32, 1, 3, 3, 1, 8, 8, 16, 48, [44], 3, True),
+    (np.float64, 2, 2, 2, 1, 5, 7, 0, 30, [30, 11], 0, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_reference_and_appends_in_place(case):
+    dtype, batch, L, Hq, Hkv, E, Ev, page, capacity, lens, L_new, causal = case
+    rng = np.random.default_rng(len(lens) * 100 + L)
+    q, kc, vc, k, v, sl, table = make(rng, dtype, batch, L, Hq, Hkv, E, Ev, page, capacity, lens,
+                                      L_new)
+    k_want = write_rows(kc, table, sl, k) if L_new else kc.copy()
+    v_want = write_rows(vc, table, sl, v) if L_new else vc.copy()
+    out, lse = sdpa.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=sl, block_table=table,
+                                           causal=causal, return_lse=True, threads=2)
+    assert out.dtype == dtype and out.shape == (batch, L, Hq, Ev) and lse.shape == (batch, Hq, L)
+    assert np.array_equal(kc, k_want) and np.array_equal(vc, v_want), "append"
+    ref, ref_lse = reference(q, kc, vc, sl + L_new, table, causal)
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
+    np.testing.assert_allclose(lse, ref_lse, atol=tol, rtol=tol)
+    empty = (sl + L_new) == 0
+    assert np.all(out[empty] == 0) and np.all(lse[empty] == -np.inf)
+
+
+def test_defaults_whole_cache_and_plain_out():
+    rng = np.random.default_rng(3)
+    q, kc, vc, _, _, _, _ = make(rng, np.float32, 2, 1, 4, 2, 16, 16, 0, 40, [0, 0], 0)
+    out = sdpa.attention_with_kvcache(q, kc, vc, scale=0.3)
+    ref, _ = reference(q, kc, vc, [40, 40], None, False, scale=0.3)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_same_result_for_any_thread_count():
+    rng = np.random.default_rng(4)
+    q, kc, vc, _, _, sl, table = make(rng, np.float32, 2, 2, 8, 2, 32, 32, 16, 3200, [3199, 1500],
+                                      0)
+    outs = [sdpa.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, block_table=table,
+                                        threads=t) for t in (1, 2, 3)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def refusals():
+    # (name, change, exception, text in the message)
+    def bad_block(a):
+        a["block_table"][0, 0] = a["k_cache"].shape[0]
+
+    def too_long(a):
+        a["cache_seqlens"][1] = 64
+
+    def append_past(a):
+        a["cache_seqlens"][1] = 63
+
+    def dtype(a):
+        a["k"] = a["k"].astype(np.float64)
+
+    def heads(a):
+        a["v_cache"] = np.zeros(a["v_cache"].shape[:2] + (1, a["v_cache"].shape[3]), np.float32)
+
+    def no_v(a):
+        a["v"] = None
+
+    def page_mismatch(a):
+        s = a["v_cache"].shape
+        a["v_cache"] = np.zeros((s[0], s[1] // 2, s[2], s[3]), np.float32)
+
+    return [("block index", bad_block, ValueError, "block_table"),
+            ("length past capacity", too_long, ValueError, "cache_seqlens"),
+            ("append past capacity", append_past, ValueError, "capacity"),
+            ("dtype", dtype, TypeError, "dtype"),
+            ("heads", heads, ValueError, "v_cache"),
+            ("k without v", no_v, ValueError, "together"),
+            ("pages", page_mismatch, ValueError, "page_size")]
+
+
+@pytest.mark.parametrize("name,change,error,text", refusals())
+def test_refused_calls_leave_the_caches_unchanged(name, change, error, text):
+    rng = np.random.default_rng(5)
+    q, kc, vc, k, v, sl, table = make(rng, np.float32, 2, 2, 4, 2, 8, 8, 16, 64, [20, 33], 2)
+    a = dict(q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=sl, block_table=table)
+    change(a)
+    k_before, v_before = a["k_cache"].copy(), a["v_cache"].copy()
+    with pytest.raises(error, match=text):
+        sdpa.attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"],
+                                    a["cache_seqlens"], a["block_table"])
+    assert np.array_equal(a["k_cache"], k_before) and np.array_equal(a["v_cache"], v_before), name
+
+
+def test_caches_must_be_writeable_contiguous_arrays():
+    rng = np.random.default_rng(6)
+    q, kc, vc, _, _, _, _ = make(rng, np.float32, 1, 1, 2, 2, 8, 8, 0, 10, [5], 0)
+    with pytest.raises(ValueError, match="k_cache"):
+        sdpa.attention_with_kvcache(q, kc[:, ::2], vc[:, ::2])
+    with pytest.raises(TypeError, match="k_cache"):
+        sdpa.attention_with_kvcache(q, kc.tolist(), vc)
+    frozen = kc.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="k_cache"):
+        sdpa.attention_with_kvcache(q, frozen, vc)
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        sdpa.attention_with_kvcache(q, kc, vc, cache_seqlens=np.array([1.5]))
