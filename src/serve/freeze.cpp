@@ -28,8 +28,8 @@ constexpr int kRows = 8;
 int power_of_two(Params& p, const std::string& name, int lo, int hi, int fallback) {
   const int v = p.integer(name, lo, hi, fallback);
   if ((v & (v - 1)) != 0) {
-    throw ParamError(name, fmt::format("{} must be a power of two in [{}, {}], got {}", name, lo,
-                                       hi, v));
+    throw ParamError(name,
+                     fmt::format("{} must be a power of two in [{}, {}], got {}", name, lo, hi, v));
   }
   return v;
 }
@@ -166,8 +166,9 @@ json compute_freeze(const json& request) {
 
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return {{"ds", ds},         {"ns", ns},           {"rows", kRows},
-          {"scale", scale.name()}, {"grid", grid}, {"boundary", boundary},
+  return {{"ds", ds},      {"ns", ns},
+          {"rows", kRows}, {"scale", scale.name()},
+          {"grid", grid},  {"boundary", boundary},
           {"ms", ms}};
 }
 

@@ -33,8 +33,8 @@ std::mutex cache_mutex;
 std::shared_ptr<const KeyBlock> cache;
 
 // Extends `old` (may be null or of another law) to n keys of d components.
-std::shared_ptr<const KeyBlock> grow(const KeyBlock* old, lab::Dist dist, std::uint64_t seed,
-                                     int n, int d) {
+std::shared_ptr<const KeyBlock> grow(const KeyBlock* old, lab::Dist dist, std::uint64_t seed, int n,
+                                     int d) {
   auto block = std::make_shared<KeyBlock>();
   block->dist = dist;
   block->seed = seed;

@@ -42,12 +42,12 @@ int Params::integer(const std::string& name, int lo, int hi, int fallback) {
   const json& v = raw(name);
   if (v.is_null()) return fallback;
   // 64.0 is accepted as 64: JavaScript has one number type.
-  const bool integral = v.is_number_integer() ||
-                        (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                         v.get<double>() == std::floor(v.get<double>()));
+  const bool integral =
+      v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                v.get<double>() == std::floor(v.get<double>()));
   if (!integral || v.get<double>() < lo || v.get<double>() > hi) {
-    throw ParamError(name,
-                     fmt::format("{} must be an integer in [{}, {}], got {}", name, lo, hi, show(v)));
+    throw ParamError(
+        name, fmt::format("{} must be an integer in [{}, {}], got {}", name, lo, hi, show(v)));
   }
   return static_cast<int>(v.get<double>());
 }
@@ -59,7 +59,8 @@ std::uint64_t Params::seed(const std::string& name, std::uint64_t fallback) {
   constexpr double kMax = 9007199254740992.0;
   if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > kMax ||
       v.get<double>() != std::floor(v.get<double>())) {
-    throw ParamError(name, fmt::format("{} must be an integer in [0, 2^53], got {}", name, show(v)));
+    throw ParamError(name,
+                     fmt::format("{} must be an integer in [0, 2^53], got {}", name, show(v)));
   }
   return v.is_number_unsigned() ? v.get<std::uint64_t>()
                                 : static_cast<std::uint64_t>(v.get<double>());
@@ -69,8 +70,8 @@ double Params::number(const std::string& name, double lo, double hi, double fall
   const json& v = raw(name);
   if (v.is_null()) return fallback;
   if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
-    throw ParamError(name, fmt::format("{} must be a number in [{}, {}], got {}", name, lo, hi,
-                                       show(v)));
+    throw ParamError(name,
+                     fmt::format("{} must be a number in [{}, {}], got {}", name, lo, hi, show(v)));
   }
   return v.get<double>();
 }
@@ -157,8 +158,8 @@ ScaleSpec read_scale(Params& p) {
   if (v.is_number()) {
     const double x = v.get<double>();
     if (!(std::fabs(x) <= 1e3)) {
-      throw ParamError("scale", fmt::format("scale as a number must lie in [-1000, 1000], got {}",
-                                            show(v)));
+      throw ParamError("scale",
+                       fmt::format("scale as a number must lie in [-1000, 1000], got {}", show(v)));
     }
     s.kind = ScaleSpec::value;
     s.number = x;
@@ -175,9 +176,10 @@ ScaleSpec read_scale(Params& p) {
     } else if (name == "softcap") {
       s.kind = ScaleSpec::softcap;
     } else {
-      throw ParamError("scale", "scale must be one of 1, 1/sqrt(d), 1/d, qk-norm, softcap or a "
-                                "number in [-1000, 1000], got " +
-                                    show(v));
+      throw ParamError("scale",
+                       "scale must be one of 1, 1/sqrt(d), 1/d, qk-norm, softcap or a "
+                       "number in [-1000, 1000], got " +
+                           show(v));
     }
   }
   s.cap = p.number("cap", 0.1, 1e4, s.cap);
@@ -271,17 +273,18 @@ ScoreMoments score_moments(const InputSpec& in, const ScaleSpec& scale, double d
 namespace sdpa::serve {
 
 json parameter_info() {
-  const json inputs = {
-      {"dist", {{"choices", {"normal", "uniform", "rademacher", "laplace", "student-t"}},
-                {"default", "normal"}}},
-      {"mean", {{"min", -4}, {"max", 4}, {"default", 0}}},
-      {"sigma", {{"min", 0.01}, {"max", 8}, {"default", 1}}},
-      {"corr", {{"min", 0}, {"max", 0.99}, {"default", 0}}},
-      {"seed", {{"min", 0}, {"max", 9007199254740992.0}, {"default", 1}}},
-      {"scale", {{"choices", {"1", "1/sqrt(d)", "1/d", "qk-norm", "softcap"}},
-                 {"number", {{"min", -1000}, {"max", 1000}}},
-                 {"default", "1/sqrt(d)"}}},
-      {"cap", {{"min", 0.1}, {"max", 1e4}, {"default", 50}}}};
+  const json inputs = {{"dist",
+                        {{"choices", {"normal", "uniform", "rademacher", "laplace", "student-t"}},
+                         {"default", "normal"}}},
+                       {"mean", {{"min", -4}, {"max", 4}, {"default", 0}}},
+                       {"sigma", {{"min", 0.01}, {"max", 8}, {"default", 1}}},
+                       {"corr", {{"min", 0}, {"max", 0.99}, {"default", 0}}},
+                       {"seed", {{"min", 0}, {"max", 9007199254740992.0}, {"default", 1}}},
+                       {"scale",
+                        {{"choices", {"1", "1/sqrt(d)", "1/d", "qk-norm", "softcap"}},
+                         {"number", {{"min", -1000}, {"max", 1000}}},
+                         {"default", "1/sqrt(d)"}}},
+                       {"cap", {{"min", 0.1}, {"max", 1e4}, {"default", 50}}}};
   json scores = inputs;
   scores["d"] = {{"min", 1}, {"max", 4096}, {"default", 64}};
   scores["n"] = {{"min", 1}, {"max", 16384}, {"default", 1024}};
@@ -290,21 +293,22 @@ json parameter_info() {
   json freeze = inputs;
   freeze["d_max"] = {{"powers_of_two", {1, 4096}}, {"default", 1024}};
   freeze["n_max"] = {{"powers_of_two", {2, 4096}}, {"default", 4096}};
-  return {{"scores", scores},
-          {"freeze", freeze},
-          {"softmax",
-           {{"logits", {{"count", {1, 64}}, {"default", "1000, 10, 5"}}},
-            {"temperature", {{"min", 1e-3}, {"max", 1e6}, {"default", 1}}},
-            {"target", {{"min", 0}, {"max", 63}, {"default", 0}}}}},
-          {"train",
-           {{"scale", {{"choices", {"1", "1/sqrt(d)", "1/d", "qk-norm"}}, {"default", "1/sqrt(d)"}}},
-            {"d", {{"min", 1}, {"max", 1024}, {"default", 64}}},
-            {"optimizer", {{"choices", {"adam", "sgd"}}, {"default", "adam"}}},
-            {"lr", {{"min", 1e-6}, {"max", 10}, {"default", 1e-2}}},
-            {"steps", {{"min", 1}, {"max", 5000}, {"default", 300}}},
-            {"eval_every", {{"min", 1}, {"max", 1000}, {"default", 10}}},
-            {"seed", {{"min", 0}, {"max", 9007199254740992.0}, {"default", 1}}}}},
-          {"version", sdpa::version()}};
+  return {
+      {"scores", scores},
+      {"freeze", freeze},
+      {"softmax",
+       {{"logits", {{"count", {1, 64}}, {"default", "1000, 10, 5"}}},
+        {"temperature", {{"min", 1e-3}, {"max", 1e6}, {"default", 1}}},
+        {"target", {{"min", 0}, {"max", 63}, {"default", 0}}}}},
+      {"train",
+       {{"scale", {{"choices", {"1", "1/sqrt(d)", "1/d", "qk-norm"}}, {"default", "1/sqrt(d)"}}},
+        {"d", {{"min", 1}, {"max", 1024}, {"default", 64}}},
+        {"optimizer", {{"choices", {"adam", "sgd"}}, {"default", "adam"}}},
+        {"lr", {{"min", 1e-6}, {"max", 10}, {"default", 1e-2}}},
+        {"steps", {{"min", 1}, {"max", 5000}, {"default", 300}}},
+        {"eval_every", {{"min", 1}, {"max", 1000}, {"default", 10}}},
+        {"seed", {{"min", 0}, {"max", 9007199254740992.0}, {"default", 1}}}}},
+      {"version", sdpa::version()}};
 }
 
 }  // namespace sdpa::serve

@@ -102,7 +102,7 @@ json compute_softmax(const json& request) {
     y[i] = x[i] / temperature;
     // 1e300: far beyond every format's range, and x / T stays finite in float64.
     if (!(std::fabs(y[i]) <= 1e300)) {
-      throw ParamError("logits", fmt::format("logit / temperature must stay within 1e300 in "
+      throw ParamError("logits", fmt::format("logits / temperature must stay within 1e300 in "
                                              "magnitude, got {} / {}",
                                              x[i], temperature));
     }
@@ -118,8 +118,8 @@ json compute_softmax(const json& request) {
   for (const lab::Format& f : {lab::kFloat16, lab::kBFloat16, lab::kFloat32, lab::kFloat64}) {
     json entry = {{"format", f.name}};
     for (const char* method : {"stable", "naive"}) {
-      const std::vector<double> pr = std::string(method) == "stable" ? stable_softmax(y, f)
-                                                                     : lab::naive_softmax(y, f);
+      const std::vector<double> pr =
+          std::string(method) == "stable" ? stable_softmax(y, f) : lab::naive_softmax(y, f);
       std::vector<double> grad(n);
       softmax_backward<double>(pr, onehot, grad, 1.0 / temperature);
       for (double& g : grad) g = lab::round_to(g, f);

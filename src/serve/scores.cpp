@@ -9,8 +9,8 @@
 #include <numbers>
 #include <vector>
 
-#include "keys.h"
 #include "histogram.h"
+#include "keys.h"
 #include "lab/stats.h"
 #include "params.h"
 #include "serve.h"
@@ -53,12 +53,13 @@ json compute_scores(const json& request) {
   p.finish();
 
   if (std::int64_t(n) * d > kMaxKeyComponents) {
-    throw ParamError("n", fmt::format("n * d must be at most {} (4096 keys of d = 4096), got {} * {}",
-                                      kMaxKeyComponents, n, d));
+    throw ParamError("n",
+                     fmt::format("n * d must be at most {} (4096 keys of d = 4096), got {} * {}",
+                                 kMaxKeyComponents, n, d));
   }
   const double nd = double(n) * d;
-  const int rows = static_cast<int>(std::clamp(std::floor(kDotBudget / nd), double(kMinRows),
-                                               double(kMaxRows)));
+  const int rows =
+      static_cast<int>(std::clamp(std::floor(kDotBudget / nd), double(kMinRows), double(kMaxRows)));
   const double c = scale.factor(d), rd = std::sqrt(double(d));
 
   // pass 1: the query rows, then every key against every row, from the keys' raw draws:
@@ -122,8 +123,9 @@ json compute_scores(const json& request) {
       double g2 = 0;
       for (int j = 0; j < n; ++j) {
         // softcap: back through the cap, to the logits before it.
-        const double t =
-            scale.kind == ScaleSpec::softcap ? 1.0 - (zr[j] / scale.cap) * (zr[j] / scale.cap) : 1.0;
+        const double t = scale.kind == ScaleSpec::softcap
+                             ? 1.0 - (zr[j] / scale.cap) * (zr[j] / scale.cap)
+                             : 1.0;
         g2 += ds[j] * t * ds[j] * t;
       }
       RowOut& o = out[r];
@@ -211,45 +213,52 @@ json compute_scores(const json& request) {
   }
   json ghist = histogram(lg, grange, 24);
 
-  json row = {{"probs_sorted", sorted},    {"entropy", out[0].entropy},
-              {"ln_n", ln_n},              {"max_prob", out[0].max_prob},
-              {"jacobian_norm", out[0].jacobian}, {"grad_norm", out[0].grad}};
+  json row = {{"probs_sorted", sorted},
+              {"entropy", out[0].entropy},
+              {"ln_n", ln_n},
+              {"max_prob", out[0].max_prob},
+              {"jacobian_norm", out[0].jacobian},
+              {"grad_norm", out[0].grad}};
   if (want_logits) {
     row["logits"] = std::vector<double>(z.begin(), z.begin() + n);
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return {
-      {"d", d},
-      {"n", n},
-      {"rows", rows},
-      {"samples", z.size()},
-      {"scale", scale.name()},
-      {"scale_factor", c},
-      {"dist", in.dist},
-      {"hist", hist},
-      {"theory_curve", {{"x", cx}, {"density", cy}}},
-      {"variance",
-       {{"measured", var_z}, {"theory", th.variance}, {"exact", th.exact}, {"mean", mz},
-        {"mean_theory", th.mean}}},
-      {"raw_variance",
-       {{"measured", var_x}, {"theory", dot_variance(in, d)}, {"mean", mx},
-        {"mean_theory", dot_mean(in, d)}}},
-      {"row", row},
-      {"rows_summary",
-       {{"entropy_mean", lab::mean(ent)},
-        {"max_prob_mean", lab::mean(maxp)},
-        {"row_variance_theory", s2},
-        {"entropy_theory", liquid ? json(ln_n - s2 / 2) : json(nullptr)},
-        {"regime", liquid ? "liquid" : "frozen"}}},
-      {"grad",
-       {{"log10_hist", ghist},
-        {"zeros", zeros},
-        {"median", gs.median},
-        {"dead_fraction", gs.dead},
-        {"dead_threshold", kDeadFraction * baseline_median},
-        {"baseline_median", baseline_median}}},
-      {"ms", ms}};
+  return {{"d", d},
+          {"n", n},
+          {"rows", rows},
+          {"samples", z.size()},
+          {"scale", scale.name()},
+          {"scale_factor", c},
+          {"dist", in.dist},
+          {"hist", hist},
+          {"theory_curve", {{"x", cx}, {"density", cy}}},
+          {"variance",
+           {{"measured", var_z},
+            {"theory", th.variance},
+            {"exact", th.exact},
+            {"mean", mz},
+            {"mean_theory", th.mean}}},
+          {"raw_variance",
+           {{"measured", var_x},
+            {"theory", dot_variance(in, d)},
+            {"mean", mx},
+            {"mean_theory", dot_mean(in, d)}}},
+          {"row", row},
+          {"rows_summary",
+           {{"entropy_mean", lab::mean(ent)},
+            {"max_prob_mean", lab::mean(maxp)},
+            {"row_variance_theory", s2},
+            {"entropy_theory", liquid ? json(ln_n - s2 / 2) : json(nullptr)},
+            {"regime", liquid ? "liquid" : "frozen"}}},
+          {"grad",
+           {{"log10_hist", ghist},
+            {"zeros", zeros},
+            {"median", gs.median},
+            {"dead_fraction", gs.dead},
+            {"dead_threshold", kDeadFraction * baseline_median},
+            {"baseline_median", baseline_median}}},
+          {"ms", ms}};
 }
 
 }  // namespace sdpa::serve

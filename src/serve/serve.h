@@ -48,11 +48,11 @@ json parameter_info();
 
 struct ServeOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;     ///< 0: any free port
+  int port = 8000;  ///< 0: any free port
   std::string lang = "en";
-  int max_runs = 2;    ///< training runs at once, over all clients
-  int max_streams = 8; ///< open event streams at once
-  int threads = 16;    ///< worker threads answering requests
+  int max_runs = 2;     ///< training runs at once, over all clients
+  int max_streams = 8;  ///< open event streams at once
+  int threads = 16;     ///< worker threads answering requests
 };
 
 /// Binds, calls `on_listening(port)` once the socket accepts connections, and serves until

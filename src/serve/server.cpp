@@ -7,8 +7,8 @@
 //   event streams       max_streams open at once              429 {"busy": ...}
 //   static files        the embedded set only                 404
 #include <httplib.h>
-#include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -30,13 +30,16 @@ namespace {
 
 // 64 KiB: the largest legitimate body, a playground row of 64 logits, is under 2 KiB.
 constexpr std::size_t kMaxBody = 64 * 1024;
+// Pending connections the kernel queues before the accept loop takes them.
+constexpr int kBacklog = 1024;
 
 std::atomic<bool> g_stop_requested{false};
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_header("Cache-Control", "no-store");
-  res.set_content(body.dump(), "application/json");
+  // Invalid UTF-8 (echoed from a bad body in a parser's message) is replaced, not thrown.
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 json error_body(const std::string& message, const json& parameter = nullptr) {
@@ -48,7 +51,8 @@ json error_body(const std::string& message, const json& parameter = nullptr) {
 std::string client_of(const httplib::Request& req) {
   const std::string id = req.get_header_value("X-Sdpa-Client");
   bool ok = !id.empty() && id.size() <= 64;
-  for (char c : id) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+  for (char c : id)
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
   return ok ? "id:" + id : "addr:" + req.remote_addr;
 }
 
@@ -81,8 +85,8 @@ void guarded(httplib::Response& res, Fn&& fn) {
 
 std::int64_t run_id(const json& v, const char* name) {
   if (!v.is_number_integer() || v.get<std::int64_t>() < 1) {
-    throw ParamError(name, std::string(name) + " must be a positive integer run id, got " +
-                               v.dump());
+    throw ParamError(name,
+                     std::string(name) + " must be a positive integer run id, got " + v.dump());
   }
   return v.get<std::int64_t>();
 }
@@ -93,8 +97,9 @@ std::int64_t query_id(const httplib::Request& req) {
   bool ok = !text.empty() && text.size() < 18;
   for (char c : text) ok = ok && c >= '0' && c <= '9';
   if (ok) id = std::stoll(text);
-  if (!ok || id < 1) throw ParamError("id", "id must be a positive integer run id, got \"" +
-                                                text.substr(0, 20) + "\"");
+  if (!ok || id < 1)
+    throw ParamError("id",
+                     "id must be a positive integer run id, got \"" + text.substr(0, 20) + "\"");
   return id;
 }
 
@@ -118,13 +123,20 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
   }
   g_stop_requested = false;
 
-  // SIGINT and SIGTERM are blocked here, before any thread starts (threads inherit the mask),
-  // and taken by sigtimedwait below: the stop happens on this thread, never in a handler.
-  sigset_t stop_signals, old_mask;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+  // SIGINT and SIGTERM set a flag that a watcher thread turns into svr.stop(). A handler,
+  // not a blocked mask: threads that exist before this call (OpenBLAS starts its pool when
+  // the library loads) would take a blocked signal's default action and end the process.
+  struct sigaction action {
+  }, old_int{}, old_term{};
+  action.sa_handler = [](int) { g_stop_requested = true; };
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  auto restore_signals = [&] {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  };
 
   TrainManager trainer(options.max_runs);
   std::atomic<int> streams{0};
@@ -133,7 +145,16 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
   const int threads = options.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(kMaxBody);
-  svr.set_keep_alive_timeout(1);  // seconds an idle connection holds a worker; also the longest stop
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server would
+  // bind the same port and share its connections instead of failing.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
+  svr.set_keep_alive_timeout(
+      1);  // seconds an idle connection holds a worker; also the longest stop
   svr.set_read_timeout(5);
   svr.set_write_timeout(5);
   // The page loads nothing from elsewhere; the policy makes the browser refuse if it tried.
@@ -141,17 +162,17 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
                            {"Content-Security-Policy",
                             "default-src 'self'; img-src 'self' data:; style-src 'self'; "
                             "connect-src 'self'; frame-ancestors 'none'"}});
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&,
-                                                                 httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string message = std::to_string(res.status);
-    if (res.status == 404) message = "not found";
-    if (res.status == 413) {
-      message = "the request body is larger than " + std::to_string(kMaxBody) + " bytes";
-    }
-    reply(res, res.status, error_body(message, res.status == 413 ? json("body") : json()));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  svr.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        std::string message = std::to_string(res.status);
+        if (res.status == 404) message = "not found";
+        if (res.status == 413) {
+          message = "the request body is larger than " + std::to_string(kMaxBody) + " bytes";
+        }
+        reply(res, res.status, error_body(message, res.status == 413 ? json("body") : json()));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
 
   // ---- static files: the fixed, embedded set -------------------------------------------------
   const auto& assets = embedded_assets();
@@ -210,7 +231,7 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
       const std::int64_t id = run_id(body.value("id", json()), "id");
       auto run = trainer.find(id);
       if (!run || run->client() != client_of(req)) {
-        throw ParamError("id", "no training run " + std::to_string(id) + " of this client");
+        throw ParamError("id", "id: no training run " + std::to_string(id) + " of this client");
       }
       run->request_stop();
       return json{{"id", id}, {"stopping", true}};
@@ -219,7 +240,7 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
   svr.Get("/api/train/run", [&trainer](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
       auto run = trainer.find(query_id(req));
-      if (!run) throw ParamError("id", "no training run " + req.get_param_value("id"));
+      if (!run) throw ParamError("id", "id: no training run " + req.get_param_value("id"));
       return run->snapshot();
     });
   });
@@ -227,58 +248,62 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
   // final state. Each call of the provider waits at most 250 ms, so a stopping server (httplib
   // checks between calls) or a vanished client ends the stream promptly.
   const int max_streams = options.max_streams;
-  svr.Get("/api/train/events", [&trainer, &streams, max_streams](const httplib::Request& req,
-                                                                  httplib::Response& res) {
-    std::shared_ptr<TrainRun> run;
-    guarded(res, [&] {
-      run = trainer.find(query_id(req));
-      if (!run) throw ParamError("id", "no training run " + req.get_param_value("id"));
-      if (streams.fetch_add(1) >= max_streams) {
-        streams.fetch_sub(1);
-        run = nullptr;
-        throw Busy("too many event streams are open");
-      }
-      return json::object();
-    });
-    if (!run) return;
-    auto seen = std::make_shared<std::size_t>(0);
-    res.body.clear();
-    res.set_header("Cache-Control", "no-store");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [run, seen](std::size_t, httplib::DataSink& sink) {
-          std::vector<TrainPoint> fresh;
-          const TrainRun::State state = run->wait(*seen, 250, fresh);
-          std::string text;
-          for (const TrainPoint& p : fresh) text += "event: point\ndata: " + to_json(p).dump() + "\n\n";
-          *seen += fresh.size();
-          if (state != TrainRun::State::running) {
-            json end = {{"state", TrainRun::state_name(state)}, {"points", *seen}};
-            text += "event: end\ndata: " + end.dump() + "\n\n";
-          } else if (text.empty()) {
-            text = ": waiting\n\n";  // a comment: finds a closed connection within 250 ms
-          }
-          if (!sink.write(text.data(), text.size())) return false;
-          if (state != TrainRun::State::running) sink.done();
-          return true;
-        },
-        [&streams](bool) { streams.fetch_sub(1); });
-  });
+  svr.Get("/api/train/events",
+          [&trainer, &streams, max_streams](const httplib::Request& req, httplib::Response& res) {
+            std::shared_ptr<TrainRun> run;
+            guarded(res, [&] {
+              run = trainer.find(query_id(req));
+              if (!run) throw ParamError("id", "id: no training run " + req.get_param_value("id"));
+              if (streams.fetch_add(1) >= max_streams) {
+                streams.fetch_sub(1);
+                run = nullptr;
+                throw Busy("too many event streams are open");
+              }
+              return json::object();
+            });
+            if (!run) return;
+            auto seen = std::make_shared<std::size_t>(0);
+            res.body.clear();
+            res.set_header("Cache-Control", "no-store");
+            res.set_chunked_content_provider(
+                "text/event-stream",
+                [run, seen](std::size_t, httplib::DataSink& sink) {
+                  std::vector<TrainPoint> fresh;
+                  const TrainRun::State state = run->wait(*seen, 250, fresh);
+                  std::string text;
+                  for (const TrainPoint& p : fresh)
+                    text += "event: point\ndata: " + to_json(p).dump() + "\n\n";
+                  *seen += fresh.size();
+                  if (state != TrainRun::State::running) {
+                    json end = {{"state", TrainRun::state_name(state)}, {"points", *seen}};
+                    text += "event: end\ndata: " + end.dump() + "\n\n";
+                  } else if (text.empty()) {
+                    text = ": waiting\n\n";  // a comment: finds a closed connection within 250 ms
+                  }
+                  if (!sink.write(text.data(), text.size())) return false;
+                  if (state != TrainRun::State::running) sink.done();
+                  return true;
+                },
+                [&streams](bool) { streams.fetch_sub(1); });
+          });
 
-  const int port = options.port == 0 ? svr.bind_to_any_port(options.host)
-                                     : (svr.bind_to_port(options.host, options.port) ? options.port : -1);
+  const int port = options.port == 0
+                       ? svr.bind_to_any_port(options.host)
+                       : (svr.bind_to_port(options.host, options.port) ? options.port : -1);
   if (port < 0) {
-    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    restore_signals();
     throw sdpa::Error("--host/--port: cannot listen on " + options.host + ":" +
-                      std::to_string(options.port) + " (in use, or not an address of this machine)");
+                      std::to_string(options.port) +
+                      " (in use, or not an address of this machine)");
   }
 
+  // httplib listens with a backlog of 5: a burst of connections beyond it (a page opens six at
+  // once, the load test 200) would be refused or reset. Listening again raises the backlog.
+  if (listen_fd >= 0) ::listen(listen_fd, kBacklog);
+
   std::atomic<bool> listen_done{false};
-  std::thread watcher([&svr, &stop_signals, &listen_done] {
-    const timespec tick{0, 100 * 1000 * 1000};
-    while (!g_stop_requested) {
-      if (sigtimedwait(&stop_signals, nullptr, &tick) > 0) break;
-    }
+  std::thread watcher([&svr, &listen_done] {
+    while (!g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     // A stop() before the accept loop has started is ignored by httplib: wait for the loop.
     while (!listen_done) {
       if (svr.is_running()) {
@@ -294,7 +319,7 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
   g_stop_requested = true;
   watcher.join();
   trainer.shutdown();
-  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  restore_signals();
 }
 
 }  // namespace sdpa::serve

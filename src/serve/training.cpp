@@ -165,8 +165,8 @@ void TrainRun::train() {
       ++train_loss_count;
       if (t % spec_.eval_every == 0 || t == spec_.steps) {
         const tr::Stats ev = tr::forward_backward<float>(params, kind, eval, nullptr, true, ws);
-        push({t, ev.loss, ev.accuracy, train_loss_sum / train_loss_count, ev.entropy,
-              ev.max_logit});
+        push(
+            {t, ev.loss, ev.accuracy, train_loss_sum / train_loss_count, ev.entropy, ev.max_logit});
         train_loss_sum = 0;
         train_loss_count = 0;
         if (!std::isfinite(ev.loss)) {
@@ -210,9 +210,10 @@ std::shared_ptr<TrainRun> TrainManager::start(const std::string& client, const T
     }
   }
   if (running >= max_runs_) {
-    throw Busy(fmt::format("{} training runs are running, the most this server allows; try again "
-                           "when one ends",
-                           running));
+    throw Busy(
+        fmt::format("{} training runs are running, the most this server allows; try again "
+                    "when one ends",
+                    running));
   }
   auto run = std::make_shared<TrainRun>(next_id_++, client, spec);
   runs_[run->id()] = run;

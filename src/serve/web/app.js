@@ -479,17 +479,32 @@ function rampColor(t) {
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 let freezeCols = 12, freezeRows = 11;
-function cellRadius(ctx) {
+// Each cell is drawn as an image point of exactly one cell's size (Chart.js has no heatmap
+// type): the axes span half an octave beyond the first and last d and N, so the cells tile.
+const cellImages = new Map();
+function cellImage(ctx) {
   const a = ctx.chart.chartArea;
-  if (!a) return 4;
-  // Chart.js draws a 'rect' point as a square of side sqrt(2) * radius.
-  return Math.min(a.width / freezeCols, a.height / freezeRows) / Math.SQRT2;
+  const w = a ? Math.max(1, Math.ceil(a.width / freezeCols)) : 8;
+  const h = a ? Math.max(1, Math.ceil(a.height / freezeRows)) : 8;
+  const color = rampColor(ctx.raw ? ctx.raw.v : 0);
+  const key = `${w}x${h}:${color}`;
+  if (!cellImages.has(key)) {
+    if (cellImages.size > 4096) cellImages.clear();
+    const c = document.createElement('canvas');
+    c.width = w;
+    c.height = h;
+    const g = c.getContext('2d');
+    g.fillStyle = color;
+    g.fillRect(0, 0, w, h);
+    cellImages.set(key, c);
+  }
+  return cellImages.get(key);
 }
 charts.freeze = new Chart($('freeze-chart'), {
   type: 'scatter',
   data: { datasets: [
-    { label: T.freeze_cells, data: [], pointStyle: 'rect', radius: cellRadius, hoverRadius: cellRadius,
-      backgroundColor: (ctx) => rampColor(ctx.raw ? ctx.raw.v : 0), borderWidth: 0 },
+    { label: T.freeze_cells, data: [], pointStyle: cellImage, backgroundColor: rampColor(0.6),
+      borderWidth: 0 },
     { label: T.freeze_boundary, data: [], type: 'line', borderColor: '#e03131', borderWidth: 2.5,
       pointRadius: 0, showLine: true },
   ] },
