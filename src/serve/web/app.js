@@ -479,6 +479,7 @@ function rampColor(t) {
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 let freezeCols = 12, freezeRows = 11;
+const freezeTicks = { ns: [], ds: [] };  // the grid's N and d: one tick per column and row
 // Each cell is drawn as an image point of exactly one cell's size (Chart.js has no heatmap
 // type): the axes span half an octave beyond the first and last d and N, so the cells tile.
 const cellImages = new Map();
@@ -503,18 +504,21 @@ function cellImage(ctx) {
 charts.freeze = new Chart($('freeze-chart'), {
   type: 'scatter',
   data: { datasets: [
+    // Chart.js draws lower `order` last: the boundary goes on top of the cells.
     { label: T.freeze_cells, data: [], pointStyle: cellImage, backgroundColor: rampColor(0.6),
-      borderWidth: 0 },
+      borderWidth: 0, order: 1 },
     { label: T.freeze_boundary, data: [], type: 'line', borderColor: '#e03131', borderWidth: 2.5,
-      pointRadius: 0, showLine: true },
+      pointRadius: 0, showLine: true, order: 0 },
   ] },
   options: {
     parsing: false,
     scales: {
       x: { type: 'logarithmic', title: { display: true, text: 'N' },
-        ticks: { callback: (v) => (Math.log2(v) % 1 === 0 ? v : '') } },
+        afterBuildTicks: (axis) => { axis.ticks = freezeTicks.ns.map((value) => ({ value })); },
+        ticks: { autoSkip: false, callback: (v) => v } },
       y: { type: 'logarithmic', title: { display: true, text: 'd' },
-        ticks: { callback: (v) => (Math.log2(v) % 1 === 0 ? v : '') } },
+        afterBuildTicks: (axis) => { axis.ticks = freezeTicks.ds.map((value) => ({ value })); },
+        ticks: { autoSkip: false, callback: (v) => v } },
     },
     plugins: { tooltip: { callbacks: { label: (ctx) => ctx.raw.v === undefined ?
       `d = ${f(ctx.raw.y)}` : `d=${ctx.raw.y}, N=${ctx.raw.x}: H/ln N = ${f(ctx.raw.v)}` } } },
@@ -528,6 +532,8 @@ function renderFreeze(request, r) {
   window.sdpa.last.freeze = { request, response: r };
   freezeCols = r.ns.length;
   freezeRows = r.ds.length;
+  freezeTicks.ns = r.ns;
+  freezeTicks.ds = r.ds;
   const ch = charts.freeze;
   ch.data.datasets[0].data = r.grid.map((c) => ({ x: c.n, y: c.d, v: c.normalized }));
   ch.data.datasets[1].data = r.boundary.map((b) => ({ x: b.n, y: b.d }));
