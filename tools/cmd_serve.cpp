@@ -25,7 +25,9 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([opts] {
     sdpa::serve::run_server(*opts, [&](int port) {
-      const std::string shown = opts->host == "0.0.0.0" ? "127.0.0.1" : opts->host;
+      // A wildcard address is shown as this machine; an IPv6 address in brackets.
+      std::string shown = opts->host == "0.0.0.0" ? "127.0.0.1" : opts->host;
+      if (shown.find(':') != std::string::npos) shown = "[" + shown + "]";
       std::printf("sdpa serve: http://%s:%d/ (Ctrl-C to stop)\n", shown.c_str(), port);
       std::fflush(stdout);
     });
