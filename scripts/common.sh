@@ -11,8 +11,9 @@ JOBS="${SDPA_JOBS:-$(nproc)}"
 BUILD_PACKAGES=(g++ cmake make ninja-build pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev
   libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev pybind11-dev python3-dev
   python3-numpy python3-pytest libomp-dev libopenblas-dev librandom123-dev gnuplot-nox
-  openmpi-bin libopenmpi-dev)
-TEST_PACKAGES=(python3-torch chromium clang-14 clang-format-14 libclang-rt-14-dev valgrind libgoogle-perftools4)
+  openmpi-bin libopenmpi-dev libcpp-httplib-dev libjs-chart.js)
+TEST_PACKAGES=(python3-torch chromium clang-14 clang-format-14 libclang-rt-14-dev valgrind libgoogle-perftools4
+  python3-websockets)
 
 install_missing() {
   local missing=()

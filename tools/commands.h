@@ -14,6 +14,7 @@ void add_softmax_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_lab_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 /// True when stderr is a terminal (progress bars are drawn only then).
 bool stderr_is_terminal();

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   sdpa::cli::add_bench_command(app);
   sdpa::cli::add_lab_command(app);
   sdpa::cli::add_report_command(app);
+#ifdef SDPA_HAS_SERVE
+  sdpa::cli::add_serve_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
