@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "commands.h"
+#include "options.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -65,7 +66,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--impl", a->impl, "fast, reference or naive")
       ->check(CLI::IsMember({"fast", "reference", "naive"}))
       ->capture_default_str();
-  cmd->add_option("--threads", c.threads, "threads (0: one per core)")->capture_default_str();
+  cmd->add_option("--threads", c.threads, "threads (0: one per core)")
+      ->check(threads_validator())
+      ->capture_default_str();
   cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target)");
