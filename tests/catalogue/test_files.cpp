@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -242,10 +243,20 @@ TEST_F(Files, FullDiskIsExitTwoNamingTheOutput) {
 // ---- targets that are not regular files
 // ----------------------------------------------------------
 
+// As root, a program without this guarantee would replace the machine's own /dev/null, so the
+// device nodes the test offers are private copies (mknod, root only); without root it uses
+// /dev/null and /dev/full themselves, which it then has no right to replace anyway.
 TEST_F(Files, NonRegularOutputsAreRefusedNeverReplaced) {
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
-  for (const std::string& target :
-       {std::string("/dev/null"), std::string("/dev/full"), path("fifo")}) {
+  std::vector<std::string> targets = {path("fifo")};
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::mknod(path("null").c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+    ASSERT_EQ(::mknod(path("full").c_str(), S_IFCHR | 0666, makedev(1, 7)), 0);
+    targets.insert(targets.end(), {path("null"), path("full")});
+  } else {
+    targets.insert(targets.end(), {"/dev/null", "/dev/full"});
+  }
+  for (const std::string& target : targets) {
     struct stat before {};
     ASSERT_EQ(::lstat(target.c_str(), &before), 0);
     const CliResult r = cli(base(target), 20);
