@@ -428,6 +428,26 @@ TEST_F(Files, ReportIntoAReadOnlyPlaceFailsFirst) {
   EXPECT_LT(seconds, 30) << "the lab ran before the check";
 }
 
+// A report interrupted while its lab runs leaves no temporary folder and keeps the old report.
+TEST_F(Files, InterruptedReportLeavesNoTemporaryFolder) {
+  fs::create_directories(path("report"));
+  text("report/index.html", "old report");
+  const pid_t pid =
+      sdpa::test::start_cli({"report", "--out", path("report"), "--threads", "1"}, dir_.string());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (temporaries().empty() &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(temporaries().size(), 1u) << "the report's temporary folder never appeared";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(pid, SIGTERM);
+  const CliResult r = sdpa::test::finish_cli(pid, dir_.string());
+  EXPECT_EQ(r.status, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(temporaries().empty()) << joined(temporaries());
+  EXPECT_EQ(read("report/index.html"), "old report");
+}
+
 // --from with invalid or absurdly nested JSON: exit 2 naming --from, no crash.
 TEST_F(Files, ReportFromBadJsonIsExitTwo) {
   fs::create_directories(path("from"));
