@@ -10,9 +10,11 @@
 //   2. the outputs are allocated as fresh NumPy arrays, so nothing half-written is ever visible;
 //   3. the GIL is released for the computation itself (py::gil_scoped_release), so other Python
 //      threads run meanwhile;
-//   4. sdpa::Error becomes TypeError when it is about a dtype and ValueError otherwise, with the
-//      message the command-line program prints (the CLI's "mask" is called attn_mask here, as
-//      the Python argument is).
+//   4. sdpa::Error becomes the exception its kind() says (TypeError for bad_type, ValueError for
+//      bad_value and bad_shape, OSError for io, MemoryError for resources), with the message the
+//      command-line program prints (the CLI's "mask" is called attn_mask here, as the Python
+//      argument is). Options are converted here from plain objects, so that a wrong type is a
+//      TypeError naming the argument.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -35,16 +37,63 @@ namespace py = pybind11;
 
 void bind_kvcache(py::module_& m);  // kvcache_binding.cpp
 
+// Option arguments that pybind11 passes through unconverted (any Python object), so that
+// make_options() and friends can say which argument has the wrong type; the signature in the
+// docstring still shows the type expected ("scale: Optional[float] = None").
+#define SDPA_LENIENT_ARG(Type, python_name)                                                      \
+  struct Type {                                                                                  \
+    py::object value;                                                                            \
+  };                                                                                             \
+  namespace pybind11::detail {                                                                   \
+  template <>                                                                                    \
+  struct type_caster<Type> {                                                                     \
+    PYBIND11_TYPE_CASTER(Type, const_name(python_name));                                         \
+    bool load(handle src, bool) {                                                                \
+      value.value = reinterpret_borrow<object>(src);                                             \
+      return true;                                                                               \
+    }                                                                                            \
+    static handle cast(const Type& v, return_value_policy, handle) { return v.value.inc_ref(); } \
+  };                                                                                             \
+  }
+
+SDPA_LENIENT_ARG(BoolArg, "bool")
+SDPA_LENIENT_ARG(IntArg, "int")
+SDPA_LENIENT_ARG(FloatArg, "float")
+SDPA_LENIENT_ARG(OptionalFloatArg, "Optional[float]")
+SDPA_LENIENT_ARG(StrArg, "str")
+SDPA_LENIENT_ARG(OptionalStrArg, "Optional[str]")
+#undef SDPA_LENIENT_ARG
+
 namespace {
 
 // ---- errors ------------------------------------------------------------------------------------
 
-[[noreturn]] void raise_error(std::string message) {
-  if (message.rfind("mask:", 0) == 0) message = "attn_mask" + message.substr(4);
-  // Every sdpa::Error about a dtype says "dtype" ("query: expected dtype float32 or float64, got
-  // bool", "key/value: expected the query's dtype ..."); no other message does.
-  if (message.find("dtype") != std::string::npos) throw py::type_error(message);
-  throw py::value_error(message);
+/// Raises the Python exception of `kind`: the kind chooses the type, never the message's text.
+[[noreturn]] void raise_kind(sdpa::ErrorKind kind, const std::string& message) {
+  PyObject* type = PyExc_ValueError;  // bad_value, bad_shape
+  switch (kind) {
+    case sdpa::ErrorKind::bad_type:
+      type = PyExc_TypeError;
+      break;
+    case sdpa::ErrorKind::io:
+      type = PyExc_OSError;
+      break;
+    case sdpa::ErrorKind::resources:
+      type = PyExc_MemoryError;
+      break;
+    case sdpa::ErrorKind::bad_value:
+    case sdpa::ErrorKind::bad_shape:
+      break;
+  }
+  PyErr_SetString(type, message.c_str());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void raise_error(const sdpa::Error& e) {
+  std::string message = e.what();
+  // The C++ API's "mask" is the Python argument attn_mask.
+  if (e.argument() == "mask") message = "attn_mask" + message.substr(4);
+  raise_kind(e.kind(), message);
 }
 
 template <class F>
@@ -52,7 +101,7 @@ auto translate(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const sdpa::Error& e) {
-    raise_error(e.what());
+    raise_error(e);
   }
 }
 
@@ -112,7 +161,9 @@ Input prepare(const py::handle& obj, const std::string& what, Role role) {
     py::tuple index(a.ndim());
     bool any = false;
     for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-      const bool repeated = a.strides(i) == 0 && a.shape(i) > 1;
+      // NumPy gives an empty array stride 0 everywhere: a (0, 7) mask is not a broadcast view,
+      // and slicing it would misreport its shape as (0, 1).
+      const bool repeated = a.strides(i) == 0 && a.shape(i) > 1 && a.size() > 0;
       index[static_cast<std::size_t>(i)] = repeated ? slice(0, 1) : slice(py::none());
       any = any || repeated;
     }
@@ -138,16 +189,114 @@ sdpa::MutableTensorRef mutable_ref(py::array& a, sdpa::DType d) {
 }
 
 // ---- options -----------------------------------------------------------------------------------
+// Options arrive as plain Python objects and are converted here, so that a wrong type is a
+// TypeError naming the argument (pybind11's own conversion would list every overload instead).
 
-sdpa::AttentionOptions make_options(bool is_causal, std::optional<double> scale, bool enable_gqa,
-                                    const std::optional<std::string>& causal,
-                                    const std::string& impl, int threads) {
+/// "'no' (str)" for messages.
+std::string given(const py::handle& obj) {
+  return py::repr(obj).cast<std::string>() + " (" +
+         py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>() + ")";
+}
+
+[[noreturn]] void type_error(const std::string& message) {
+  raise_kind(sdpa::ErrorKind::bad_type, message);
+}
+
+bool is_bool(const py::handle& obj) {
+  return py::isinstance<py::bool_>(obj) ||
+         py::isinstance(obj, py::module_::import("numpy").attr("bool_"));
+}
+
+bool as_bool(const py::handle& obj, const char* name) {
+  if (!is_bool(obj)) type_error(std::string(name) + ": expected True or False, got " + given(obj));
+  return obj.cast<bool>();
+}
+
+bool is_integer(const py::handle& obj) {
+  return !is_bool(obj) && (py::isinstance<py::int_>(obj) ||
+                           py::isinstance(obj, py::module_::import("numpy").attr("integer")));
+}
+
+int as_threads(const py::handle& obj) {
+  if (!is_integer(obj)) {
+    type_error("threads: expected an int, 0 (one per core) or 1..1024, got " + given(obj));
+  }
+  const py::int_ value(py::reinterpret_borrow<py::object>(obj));
+  if (value < py::int_(0) || value > py::int_(1024)) {
+    raise_kind(sdpa::ErrorKind::bad_value,
+               "threads: expected 0 (one per core) or 1..1024, got " + text_of(value));
+  }
+  return value.cast<int>();
+}
+
+std::optional<double> as_scale(const py::handle& obj) {
+  if (obj.is_none()) return std::nullopt;
+  const py::object real = py::module_::import("numbers").attr("Real");
+  if (is_bool(obj) || !py::isinstance(obj, real)) {
+    type_error("scale: expected None or a real number, got " + given(obj));
+  }
+  return py::float_(py::reinterpret_borrow<py::object>(obj)).cast<double>();
+}
+
+double as_real(const py::handle& obj, const char* name) {
+  const py::object real = py::module_::import("numbers").attr("Real");
+  if (is_bool(obj) || !py::isinstance(obj, real)) {
+    type_error(std::string(name) + ": expected a real number, got " + given(obj));
+  }
+  return py::float_(py::reinterpret_borrow<py::object>(obj)).cast<double>();
+}
+
+int as_axis(const py::handle& obj) {
+  if (!is_integer(obj)) type_error("axis: expected an int, got " + given(obj));
+  const py::int_ value(py::reinterpret_borrow<py::object>(obj));
+  if (value < py::int_(-64) || value > py::int_(64)) {
+    raise_kind(sdpa::ErrorKind::bad_value,
+               "axis: expected an axis of the array, got " + text_of(value));
+  }
+  return value.cast<int>();
+}
+
+std::string as_string(const py::handle& obj, const char* name) {
+  if (!py::isinstance<py::str>(obj)) {
+    type_error(std::string(name) + ": expected a str, got " + given(obj));
+  }
+  return obj.cast<std::string>();
+}
+
+std::optional<std::string> as_optional_string(const py::handle& obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return as_string(obj, name);
+}
+
+/// A seed: an int in [0, 2^64 - 1], as on the command line.
+std::uint64_t as_seed(const py::handle& obj) {
+  if (!is_integer(obj)) {
+    type_error("seed: expected an int in [0, 2^64-1], got " + given(obj));
+  }
+  const py::int_ value(py::reinterpret_borrow<py::object>(obj));
+  const py::int_ top = py::reinterpret_steal<py::int_>(PyLong_FromUnsignedLongLong(~0ULL));
+  if (value < py::int_(0) || value > top) {
+    raise_kind(
+        sdpa::ErrorKind::bad_value,
+        "seed: expected an int in [0, 2^64-1] (0 to 18446744073709551615), got " + text_of(value));
+  }
+  return value.cast<std::uint64_t>();
+}
+
+/// The options as the Python caller gave them; converted and checked by make_options.
+struct PyOptions {
+  py::object is_causal, scale, enable_gqa, causal, impl, threads;
+};
+
+sdpa::AttentionOptions make_options(const PyOptions& py_options) {
+  const bool is_causal = as_bool(py_options.is_causal, "is_causal");
+  const std::optional<std::string> causal = as_optional_string(py_options.causal, "causal");
   sdpa::AttentionOptions o;
-  o.scale = scale;
-  o.enable_gqa = enable_gqa;
-  o.impl = sdpa::parse_impl(impl);
-  o.threads = threads;
-  sdpa::resolve_threads(threads);  // validate now, with the GIL held
+  o.scale = as_scale(py_options.scale);
+  o.enable_gqa = as_bool(py_options.enable_gqa, "enable_gqa");
+  o.impl = sdpa::parse_impl(as_string(py_options.impl, "impl"));
+  o.threads = as_threads(py_options.threads);
+  sdpa::resolve_threads(o.threads);  // validate now, with the GIL held
   if (causal.has_value()) {
     o.causal = sdpa::parse_causal(*causal);
     if (is_causal && o.causal != sdpa::Causal::upper_left) {
@@ -160,7 +309,8 @@ sdpa::AttentionOptions make_options(bool is_causal, std::optional<double> scale,
   return o;
 }
 
-void check_dropout(double dropout_p) {
+void check_dropout(const py::object& dropout) {
+  const double dropout_p = as_real(dropout, "dropout_p");
   if (dropout_p != 0.0) {
     PyErr_SetString(PyExc_NotImplementedError,
                     ("dropout_p: dropout is not implemented; expected 0.0, got " +
@@ -187,12 +337,18 @@ AttentionInputs prepare_inputs(const py::handle& query, const py::handle& key,
 }
 
 py::object forward(const py::object& query, const py::object& key, const py::object& value,
-                   const py::object& attn_mask, bool is_causal, std::optional<double> scale,
-                   bool enable_gqa, const std::optional<std::string>& causal, bool return_lse,
-                   const std::string& impl, int threads) {
+                   const py::object& attn_mask, const BoolArg& is_causal_arg,
+                   const OptionalFloatArg& scale_arg, const BoolArg& enable_gqa_arg,
+                   const OptionalStrArg& causal_arg, const BoolArg& return_lse_arg,
+                   const StrArg& impl_arg, const IntArg& threads_arg) {
+  const py::object &is_causal = is_causal_arg.value, &scale = scale_arg.value,
+                   &enable_gqa = enable_gqa_arg.value, &causal = causal_arg.value,
+                   &return_lse_obj = return_lse_arg.value, &impl = impl_arg.value,
+                   &threads = threads_arg.value;
   return translate([&]() -> py::object {
     const sdpa::AttentionOptions options =
-        make_options(is_causal, scale, enable_gqa, causal, impl, threads);
+        make_options({is_causal, scale, enable_gqa, causal, impl, threads});
+    const bool return_lse = as_bool(return_lse_obj, "return_lse");
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
     const sdpa::DType d = in.query.ref.dtype;
     py::array out =
@@ -216,23 +372,27 @@ py::object forward(const py::object& query, const py::object& key, const py::obj
 
 py::array scaled_dot_product_attention(const py::object& query, const py::object& key,
                                        const py::object& value, const py::object& attn_mask,
-                                       double dropout_p, bool is_causal,
-                                       std::optional<double> scale, bool enable_gqa,
-                                       const std::optional<std::string>& causal,
-                                       const std::string& impl, int threads) {
-  check_dropout(dropout_p);
-  return forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal, false, impl,
-                 threads);
+                                       const FloatArg& dropout_p, const BoolArg& is_causal,
+                                       const OptionalFloatArg& scale, const BoolArg& enable_gqa,
+                                       const OptionalStrArg& causal, const StrArg& impl,
+                                       const IntArg& threads) {
+  check_dropout(dropout_p.value);
+  return forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal,
+                 BoolArg{py::bool_(false)}, impl, threads);
 }
 
 py::tuple backward(const py::object& query, const py::object& key, const py::object& value,
                    const py::object& out, const py::object& lse, const py::object& grad_out,
-                   const py::object& attn_mask, bool is_causal, std::optional<double> scale,
-                   bool enable_gqa, const std::optional<std::string>& causal,
-                   const std::string& impl, int threads) {
+                   const py::object& attn_mask, const BoolArg& is_causal_arg,
+                   const OptionalFloatArg& scale_arg, const BoolArg& enable_gqa_arg,
+                   const OptionalStrArg& causal_arg, const StrArg& impl_arg,
+                   const IntArg& threads_arg) {
+  const py::object &is_causal = is_causal_arg.value, &scale = scale_arg.value,
+                   &enable_gqa = enable_gqa_arg.value, &causal = causal_arg.value,
+                   &impl = impl_arg.value, &threads = threads_arg.value;
   return translate([&]() -> py::tuple {
     const sdpa::AttentionOptions options =
-        make_options(is_causal, scale, enable_gqa, causal, impl, threads);
+        make_options({is_causal, scale, enable_gqa, causal, impl, threads});
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
     const Input out_in = prepare(out, "out", Role::floating);
     const Input lse_in = prepare(lse, "lse", Role::floating);
@@ -375,17 +535,20 @@ py::list lab_experiments() {
   return out;
 }
 
-py::object lab_run(const std::string& name, std::uint64_t seed, bool quick, int threads,
-                   const std::string& lang) {
+py::object lab_run(const StrArg& name_arg, const IntArg& seed_arg, const BoolArg& quick_arg,
+                   const IntArg& threads_arg, const StrArg& lang_arg) {
+  const py::object &name_obj = name_arg.value, &seed = seed_arg.value, &quick = quick_arg.value,
+                   &threads = threads_arg.value, &lang = lang_arg.value;
   std::string text;
   translate([&] {
+    const std::string name = as_string(name_obj, "name");
     sdpa::lab::find_experiment(name);  // an unknown name fails before anything runs
     sdpa::lab::LabOptions o;
-    o.seed = seed;
-    o.mode = quick ? sdpa::lab::Mode::quick : sdpa::lab::Mode::full;
-    o.lang = sdpa::lab::parse_lang(lang, "lang");
-    sdpa::resolve_threads(threads);
-    o.threads = threads;
+    o.seed = as_seed(seed);
+    o.mode = as_bool(quick, "quick") ? sdpa::lab::Mode::quick : sdpa::lab::Mode::full;
+    o.lang = sdpa::lab::parse_lang(as_string(lang, "lang"), "lang");
+    o.threads = as_threads(threads);
+    sdpa::resolve_threads(o.threads);
     o.progress = false;
     py::gil_scoped_release release;
     // The text `sdpa lab <name> --json` prints (run_experiment, then dump()), parsed by Python's
@@ -396,15 +559,27 @@ py::object lab_run(const std::string& name, std::uint64_t seed, bool quick, int 
   return py::module_::import("json").attr("loads")(text);
 }
 
-std::string lab_text(const py::object& result, const std::string& lang) {
+std::string lab_text(const py::object& result, const StrArg& lang_arg) {
+  const py::object& lang_obj = lang_arg.value;
+  if (!py::isinstance<py::dict>(result)) {
+    type_error("result: expected the dict sdpa.lab.run returned, got " + given(result));
+  }
+  const std::string lang = as_string(lang_obj, "lang");
   const std::string text = py::module_::import("json")
                                .attr("dumps")(result, py::arg("allow_nan") = false)
                                .cast<std::string>();
   return translate([&] {
     const sdpa::lab::Lang l = sdpa::lab::parse_lang(lang, "lang");
     const nlohmann::json j = nlohmann::json::parse(text);
-    py::gil_scoped_release release;
-    return sdpa::lab::render_text(j, l);
+    try {
+      py::gil_scoped_release release;
+      return sdpa::lab::render_text(j, l);
+    } catch (const nlohmann::json::exception& e) {
+      raise_kind(sdpa::ErrorKind::bad_value,
+                 std::string("result: expected the dict sdpa.lab.run returned, got one it cannot "
+                             "have returned (") +
+                     e.what() + ")");
+    }
   });
 }
 #endif
@@ -522,18 +697,23 @@ PYBIND11_MODULE(_sdpa, m) {
 
   m.def(
       "softmax",
-      [](const py::object& x, int axis, double scale) {
-        return row_op(RowOp::softmax, x, axis, scale);
+      [](const py::object& x, const IntArg& axis, const FloatArg& scale) {
+        return row_op(RowOp::softmax, x, as_axis(axis.value), as_real(scale.value, "scale"));
       },
       kSoftmaxDoc, py::arg("x"), py::arg("axis") = -1, py::arg("scale") = 1.0);
   m.def(
       "log_softmax",
-      [](const py::object& x, int axis, double scale) {
-        return row_op(RowOp::log_softmax, x, axis, scale);
+      [](const py::object& x, const IntArg& axis, const FloatArg& scale) {
+        return row_op(RowOp::log_softmax, x, as_axis(axis.value), as_real(scale.value, "scale"));
       },
       kLogSoftmaxDoc, py::arg("x"), py::arg("axis") = -1, py::arg("scale") = 1.0);
-  m.def("softmax_backward", &softmax_backward, kSoftmaxBackwardDoc, py::arg("probabilities"),
-        py::arg("grad_probabilities"), py::arg("axis") = -1, py::arg("scale") = 1.0);
+  m.def(
+      "softmax_backward",
+      [](const py::object& p, const py::object& dp, const IntArg& axis, const FloatArg& scale) {
+        return softmax_backward(p, dp, as_axis(axis.value), as_real(scale.value, "scale"));
+      },
+      kSoftmaxBackwardDoc, py::arg("probabilities"), py::arg("grad_probabilities"),
+      py::arg("axis") = -1, py::arg("scale") = 1.0);
 
   bind_kvcache(m);
 

@@ -1,11 +1,12 @@
 // sdpa attention: read .npy inputs, run forward (and backward), write .npy outputs atomically.
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <optional>
-#include <set>
 
 #include "commands.h"
+#include "io/npy.h"
+#include "io/output.h"
+#include "options.h"
 #ifdef SDPA_HAS_MPI
 #include "cmd_context_parallel.h"
 #endif
@@ -26,57 +27,36 @@ struct AttentionArgs {
 #endif
 };
 
-std::string canonical(const std::string& path) {
-  std::error_code ec;
-  const auto p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? path : p.string();
-}
-
-void check_paths(const AttentionArgs& a) {
-  std::vector<std::pair<std::string, std::string>> inputs = {
-      {"--query", a.query}, {"--key", a.key}, {"--value", a.value}};
-  if (!a.mask.empty()) inputs.emplace_back("--mask", a.mask);
-  if (!a.grad_output.empty()) inputs.emplace_back("--grad-output", a.grad_output);
-  std::vector<std::pair<std::string, std::string>> outputs = {{"--out", a.out}};
-  if (!a.lse.empty()) outputs.emplace_back("--lse", a.lse);
-  if (!a.grad_query.empty()) outputs.emplace_back("--grad-query", a.grad_query);
-  if (!a.grad_key.empty()) outputs.emplace_back("--grad-key", a.grad_key);
-  if (!a.grad_value.empty()) outputs.emplace_back("--grad-value", a.grad_value);
-  std::set<std::string> seen;
-  for (const auto& [flag, path] : outputs) {
-    const std::string c = canonical(path);
-    for (const auto& [in_flag, in_path] : inputs) {
-      if (canonical(in_path) == c) {
-        throw Error(
-            fmt::format("{}: expected an output path different from every input, got {} "
-                        "which is also {}",
-                        flag, path, in_flag));
-      }
-    }
-    if (!seen.insert(c).second) {
-      throw Error(
-          fmt::format("{}: expected a path no other output uses, got {} twice", flag, path));
-    }
-    const auto parent = std::filesystem::path(c).parent_path();
-    if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-      throw Error(fmt::format("{}: expected a path in an existing directory, got {}", flag, path));
-    }
-  }
+void check_gradient_flags(const AttentionArgs& a) {
   const bool any_grad = !a.grad_query.empty() || !a.grad_key.empty() || !a.grad_value.empty();
   if (!a.grad_output.empty() && !any_grad) {
-    throw Error(
-        "--grad-output: expected with at least one of --grad-query, --grad-key, "
-        "--grad-value, got none of them");
+    throw Error(ErrorKind::bad_value, "--grad-output",
+                "expected with at least one of --grad-query, --grad-key, --grad-value, got none "
+                "of them");
   }
   if (a.grad_output.empty() && any_grad) {
-    throw Error(
-        "--grad-output: expected when --grad-query, --grad-key or --grad-value is given, "
-        "got none");
+    throw Error(ErrorKind::bad_value, "--grad-output",
+                "expected when --grad-query, --grad-key or --grad-value is given, got none");
   }
 }
 
 void run(const AttentionArgs& a) {
-  check_paths(a);
+  // Every output is validated, and its temporary created beside it, before any input is read:
+  // an unwritable place fails in milliseconds, not after the computation.
+  io::OutputCommit commit;
+  commit.protect_input("--query", a.query);
+  commit.protect_input("--key", a.key);
+  commit.protect_input("--value", a.value);
+  if (!a.mask.empty()) commit.protect_input("--mask", a.mask);
+  if (!a.grad_output.empty()) commit.protect_input("--grad-output", a.grad_output);
+  const std::size_t out_file = commit.add_file("--out", a.out);
+  std::optional<std::size_t> lse_file, dq_file, dk_file, dv_file;
+  if (!a.lse.empty()) lse_file = commit.add_file("--lse", a.lse);
+  if (!a.grad_query.empty()) dq_file = commit.add_file("--grad-query", a.grad_query);
+  if (!a.grad_key.empty()) dk_file = commit.add_file("--grad-key", a.grad_key);
+  if (!a.grad_value.empty()) dv_file = commit.add_file("--grad-value", a.grad_value);
+  check_gradient_flags(a);
+
   AttentionOptions options;
   options.scale = a.scale;
   options.causal = parse_causal(a.causal);
@@ -105,30 +85,28 @@ void run(const AttentionArgs& a) {
   const MutableTensorRef lse_ref = lse.mut();
   attention_forward(q, k, v, mask ? &mask_ref : nullptr, options, out.mut(), &lse_ref);
 
-  std::vector<std::pair<std::string, TensorRef>> files = {{a.out, out.ref()}};
-  if (!a.lse.empty()) files.emplace_back(a.lse, lse.ref());
-  Array dq, dk, dv;
+  io::write_npy(commit, out_file, out.ref());
+  if (lse_file) io::write_npy(commit, *lse_file, lse.ref());
   if (!a.grad_output.empty()) {
     const Array dout = read_npy(a.grad_output);
-    dq = Array(q.dtype(), q.shape());
-    dk = Array(k.dtype(), k.shape());
-    dv = Array(v.dtype(), v.shape());
+    Array dq(q.dtype(), q.shape()), dk(k.dtype(), k.shape()), dv(v.dtype(), v.shape());
     try {
       attention_backward(q, k, v, mask ? &mask_ref : nullptr, out, lse, dout, options, dq.mut(),
                          dk.mut(), dv.mut());
     } catch (const Error& e) {
-      const std::string what = e.what();
       // Name the file the user gave rather than the API's parameter.
-      if (what.rfind("grad_out:", 0) == 0) {
-        throw Error("--grad-output " + a.grad_output + what.substr(std::string("grad_out").size()));
+      if (e.argument() == "grad_out") {
+        const std::string what = e.what();
+        throw Error(e.kind(), "--grad-output " + a.grad_output,
+                    what.substr(std::string("grad_out: ").size()));
       }
       throw;
     }
-    if (!a.grad_query.empty()) files.emplace_back(a.grad_query, dq.ref());
-    if (!a.grad_key.empty()) files.emplace_back(a.grad_key, dk.ref());
-    if (!a.grad_value.empty()) files.emplace_back(a.grad_value, dv.ref());
+    if (dq_file) io::write_npy(commit, *dq_file, dq.ref());
+    if (dk_file) io::write_npy(commit, *dk_file, dk.ref());
+    if (dv_file) io::write_npy(commit, *dv_file, dv.ref());
   }
-  write_npy_all(files);
+  commit.commit();
 }
 
 }  // namespace
@@ -159,7 +137,9 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--lse", args->lse, "also write the log-sum-exp of each row, (..., Hq, L)");
   cmd->add_option("--impl", args->impl, "fast (fused kernel), reference (float64 oracle) or naive")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads; 0 = one per core")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads; 0 = one per core")
+      ->check(threads_validator())
+      ->capture_default_str();
   cmd->add_option("--grad-output", args->grad_output,
                   "gradient of the loss with respect to out, (..., Hq, L, Ev): runs backward");
   cmd->add_option("--grad-query", args->grad_query, "write dL/dquery here");

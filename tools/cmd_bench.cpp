@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "commands.h"
+#include "options.h"
 #ifdef SDPA_HAS_MPI
 #include "cmd_context_parallel.h"
 #endif
@@ -97,7 +98,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--impl", a->impl, "fast, reference or naive")
       ->check(CLI::IsMember({"fast", "reference", "naive"}))
       ->capture_default_str();
-  cmd->add_option("--threads", c.threads, "threads (0: one per core)")->capture_default_str();
+  cmd->add_option("--threads", c.threads, "threads (0: one per core)")
+      ->check(threads_validator())
+      ->capture_default_str();
   cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
   cmd->add_flag("--kv-cache", c.kv_cache,
                 "time attention_with_kvcache (decode): q (batch, seq, heads, dim) over a cache "

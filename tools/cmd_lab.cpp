@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "lab/lab.h"
+#include "options.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -25,10 +26,7 @@ void run_one(const std::string& name, const LabArgs& a) {
   o.seed = a.seed;
   o.mode = a.full ? lab::Mode::full : lab::Mode::quick;
   o.lang = lab::parse_lang(a.lang);
-  if (a.threads < 0 || a.threads > 1024) {
-    throw Error(fmt::format("--threads: expected 0 (one per core) to 1024, got {}", a.threads));
-  }
-  o.threads = a.threads;
+  o.threads = a.threads;  // validated by threads_validator()
   // A bar only for the long runs, and only where someone watches it.
   o.progress = a.full && stderr_is_terminal();
   const lab::json result = lab::run_experiment(name, o);
@@ -80,6 +78,7 @@ void add_lab_command(CLI::App& app) {
     CLI::App* cmd = lab_cmd->add_subcommand(e.name, e.summary);
     cmd->allow_extras(false);  // inherited from lab_cmd otherwise: --bogus must be an error
     cmd->add_option("--seed", args->seed, "seed of every random sample (same seed, same output)")
+        ->check(seed_validator())
         ->capture_default_str();
     auto* quick = cmd->add_flag("--quick", args->quick, "few samples, seconds (the default)");
     auto* full = cmd->add_flag("--full", args->full, "more samples and a finer grid, minutes");
@@ -89,6 +88,7 @@ void add_lab_command(CLI::App& app) {
     cmd->add_option("--lang", args->lang, "language of the claims: en or zh")
         ->capture_default_str();
     cmd->add_option("--threads", args->threads, "threads, 0 = one per core; output is identical")
+        ->check(threads_validator())
         ->capture_default_str();
     const std::string name = e.name;
     cmd->callback([name, args] { run_one(name, *args); });

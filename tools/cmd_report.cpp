@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "options.h"
 #include "report/report.h"
 #include "sdpa/sdpa.h"
 
@@ -70,8 +71,12 @@ void add_report_command(CLI::App& app) {
   cmd->add_flag("--quick", args->quick, "quick mode (default): a few minutes at most on 2 cores");
   cmd->add_flag("--full", args->full, "full mode: more samples, finer grids, longer training");
   cmd->add_option("--lang", args->lang, "language of the page: en or zh")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "seed of every random number")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads (0: one per core)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "seed of every random number")
+      ->check(seed_validator())
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads (0: one per core)")
+      ->check(threads_validator())
+      ->capture_default_str();
   cmd->add_option("--from", args->from,
                   "re-render from earlier results instead of running: a folder with "
                   "<experiment>.json and bench.json (an earlier report's data/)");

@@ -28,12 +28,17 @@ int main(int argc, char** argv) {
 #ifdef SDPA_HAS_SERVE
   sdpa::cli::add_serve_command(app);
 #endif
+  // Option-parse errors read like every other error: "sdpa: error: --threads: expected ...".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("sdpa: error: ") + e.what() + "\n";
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   } catch (const sdpa::Error& e) {
+    // Every kind (bad value, type or shape, I/O, resources) is the user's to fix: status 2.
     std::fprintf(stderr, "sdpa: error: %s\n", e.what());
     return 2;
   } catch (const std::bad_alloc&) {

@@ -52,11 +52,40 @@ namespace sdpa {
 /// The project's version, "MAJOR.MINOR.PATCH".
 const char* version();
 
+/// What kind of problem an sdpa::Error reports; front ends map it (the CLI exits 2 for every
+/// kind, Python raises TypeError for bad_type, ValueError for bad_value and bad_shape, OSError
+/// for io and MemoryError for resources) without reading the message.
+enum class ErrorKind : std::uint8_t {
+  bad_value,  ///< a value out of range or of the wrong form: a scale, a thread count, a seed
+  bad_type,   ///< a dtype (or, in Python, an argument's type) that is not accepted
+  bad_shape,  ///< shapes that are invalid or do not fit together
+  io,         ///< a file that cannot be read or written, or is not what it must be
+  resources,  ///< more memory than the process can get
+};
+
+/// "bad value", "bad type", "bad shape", "I/O" or "resources".
+const char* error_kind_name(ErrorKind kind);
+
 /// Thrown for every invalid argument; the message says which argument, what was expected and
-/// what was found.
+/// what was found. kind() and argument() say the same as data, so that callers never sort errors
+/// by their text. A std::invalid_argument, so older catches keep working.
 class Error : public std::invalid_argument {
  public:
-  using std::invalid_argument::invalid_argument;
+  /// The message is "<argument>: <detail>" (just <detail> when the argument is empty).
+  Error(ErrorKind kind, const std::string& argument, const std::string& detail)
+      : std::invalid_argument(argument.empty() ? detail : argument + ": " + detail),
+        kind_(kind),
+        argument_(argument) {}
+  /// A whole message, of kind bad_value, concerning no argument in particular.
+  explicit Error(const std::string& message) : std::invalid_argument(message) {}
+
+  ErrorKind kind() const noexcept { return kind_; }
+  /// The argument the error concerns as the caller spelled it ("query", "--out", a path), or "".
+  const std::string& argument() const noexcept { return argument_; }
+
+ private:
+  ErrorKind kind_ = ErrorKind::bad_value;
+  std::string argument_;
 };
 
 enum class DType : std::uint8_t { float32, float64, boolean };

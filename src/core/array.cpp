@@ -27,8 +27,9 @@ std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t e
   const std::int64_t limit = (std::int64_t{1} << 62) / static_cast<std::int64_t>(element_size);
   for (std::int64_t d : shape) {
     if (d < 0) {
-      throw Error(fmt::format("{}: expected non-negative dimensions, got shape {}", what,
-                              shape_string(shape)));
+      throw Error(
+          ErrorKind::bad_shape, what,
+          fmt::format("expected non-negative dimensions, got shape {}", shape_string(shape)));
     }
   }
   // Like NumPy ("array is too big"), the product of the non-zero dimensions must fit even when
@@ -42,8 +43,9 @@ std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t e
       continue;
     }
     if (n > limit / d) {
-      throw Error(fmt::format("{}: shape {} has more than 2^62 bytes of elements", what,
-                              shape_string(shape)));
+      throw Error(
+          ErrorKind::bad_shape, what,
+          fmt::format("shape {} has more than 2^62 bytes of elements", shape_string(shape)));
     }
     n *= d;
   }
@@ -99,10 +101,10 @@ void check_allocation(std::int64_t bytes, const std::string& what) {
   if (bytes < kAlwaysFine) return;
   const std::int64_t available = available_memory_bytes();
   if (bytes > available) {
-    throw Error(
-        fmt::format("{}: needs {} bytes ({:.1f} GiB), more than the {} bytes ({:.1f} GiB) "
-                    "of memory available",
-                    what, bytes, bytes / 1073741824.0, available, available / 1073741824.0));
+    throw Error(ErrorKind::resources, what,
+                fmt::format("needs {} bytes ({:.1f} GiB), more than the {} bytes ({:.1f} GiB) "
+                            "of memory available",
+                            bytes, bytes / 1073741824.0, available, available / 1073741824.0));
   }
 }
 
@@ -121,8 +123,9 @@ Array::Array(DType dtype, std::vector<std::int64_t> shape)
   const std::size_t bytes = ((nbytes() + 63) / 64) * 64;
   void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
   if (p == nullptr) {
-    throw Error(fmt::format("array: could not allocate {} bytes for shape {}", bytes,
-                            shape_string(shape_)));
+    throw Error(
+        ErrorKind::resources, "array",
+        fmt::format("could not allocate {} bytes for shape {}", bytes, shape_string(shape_)));
   }
   std::memset(p, 0, bytes == 0 ? 64 : bytes);
   data_.reset(p);

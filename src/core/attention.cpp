@@ -18,6 +18,22 @@ namespace sdpa {
 
 const char* version() { return SDPA_VERSION; }
 
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::bad_value:
+      return "bad value";
+    case ErrorKind::bad_type:
+      return "bad type";
+    case ErrorKind::bad_shape:
+      return "bad shape";
+    case ErrorKind::io:
+      return "I/O";
+    case ErrorKind::resources:
+      return "resources";
+  }
+  return "?";
+}
+
 const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::float32:
@@ -69,7 +85,8 @@ Causal parse_causal(const std::string& text) {
   if (text == "none") return Causal::none;
   if (text == "upper-left") return Causal::upper_left;
   if (text == "lower-right") return Causal::lower_right;
-  throw Error(fmt::format("causal: expected none, upper-left or lower-right, got '{}'", text));
+  throw Error(ErrorKind::bad_value, "causal",
+              fmt::format("expected none, upper-left or lower-right, got '{}'", text));
 }
 
 const char* impl_name(Impl impl) {
@@ -88,14 +105,15 @@ Impl parse_impl(const std::string& text) {
   if (text == "fast") return Impl::fast;
   if (text == "reference") return Impl::reference;
   if (text == "naive") return Impl::naive;
-  throw Error(fmt::format("impl: expected fast, reference or naive, got '{}'", text));
+  throw Error(ErrorKind::bad_value, "impl",
+              fmt::format("expected fast, reference or naive, got '{}'", text));
 }
 
 int resolve_threads(int threads) {
   constexpr int kMaxThreads = 1024;
   if (threads < 0 || threads > kMaxThreads) {
-    throw Error(
-        fmt::format("threads: expected 0 (one per core) or 1..{}, got {}", kMaxThreads, threads));
+    throw Error(ErrorKind::bad_value, "threads",
+                fmt::format("expected 0 (one per core) or 1..{}, got {}", kMaxThreads, threads));
   }
   if (threads > 0) return threads;
   const int cores = omp_get_num_procs();
@@ -126,6 +144,21 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
     return Impl::reference;
   }
   return requested;
+}
+
+// naive materialises the L x S scores of one head (forward) or P and dS (backward, twice that):
+// check that scratch against the memory available like any other large allocation, so that an
+// absurd L x S is a clear sdpa::Error (kind resources), never a bare std::bad_alloc.
+void check_naive_scratch(const detail::Problem& p, int matrices) {
+  const double bytes = static_cast<double>(p.L) * static_cast<double>(p.S) * matrices *
+                       static_cast<double>(dtype_size(p.dtype));
+  const std::string what = fmt::format("impl naive: its L x S scratch (L = {}, S = {}, {} matri{})",
+                                       p.L, p.S, matrices, matrices == 1 ? "x" : "ces");
+  if (bytes >= 9.2e18) {  // beyond int64: certainly more than any machine has
+    throw Error(ErrorKind::resources, what,
+                fmt::format("needs {:.3g} bytes, more than any memory", bytes));
+  }
+  detail::check_allocation(static_cast<std::int64_t>(bytes), what);
 }
 
 }  // namespace
@@ -170,6 +203,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
       }
       break;
     case Impl::naive:
+      check_naive_scratch(p, 1);
       detail::naive_forward(p, o.data(), lse_data);
       break;
   }
@@ -220,6 +254,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       detail::fast_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
       break;
     case Impl::naive:
+      check_naive_scratch(p, 2);
       detail::naive_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
       break;
   }

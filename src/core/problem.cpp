@@ -11,16 +11,17 @@ namespace {
 
 void check_float(const TensorRef& t, const char* what) {
   if (t.dtype != DType::float32 && t.dtype != DType::float64) {
-    throw Error(
-        fmt::format("{}: expected dtype float32 or float64, got {}", what, dtype_name(t.dtype)));
+    throw Error(ErrorKind::bad_type, what,
+                fmt::format("expected dtype float32 or float64, got {}", dtype_name(t.dtype)));
   }
   if (t.shape.size() < 2) {
-    throw Error(fmt::format("{}: expected rank 2 or more, got shape {} (rank {})", what,
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("expected rank 2 or more, got shape {} (rank {})",
                             shape_string(t.shape), t.shape.size()));
   }
   checked_numel(t.shape, dtype_size(t.dtype), what);
   if (t.data == nullptr && t.numel() != 0) {
-    throw Error(fmt::format("{}: data pointer is null", what));
+    throw Error(ErrorKind::bad_value, what, "data pointer is null");
   }
 }
 
@@ -33,17 +34,18 @@ std::int64_t dim(const TensorRef& t, int from_end) {
 void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_t>& shape,
                   const char* what) {
   if (t.dtype != dtype) {
-    throw Error(
-        fmt::format("{}: expected dtype {}, got {}", what, dtype_name(dtype), dtype_name(t.dtype)));
+    throw Error(ErrorKind::bad_type, what,
+                fmt::format("expected dtype {}, got {}", dtype_name(dtype), dtype_name(t.dtype)));
   }
   if (t.shape != shape) {
-    throw Error(fmt::format("{}: expected shape {}, got {}", what, shape_string(shape),
-                            shape_string(t.shape)));
+    throw Error(
+        ErrorKind::bad_shape, what,
+        fmt::format("expected shape {}, got {}", shape_string(shape), shape_string(t.shape)));
   }
   // Checked: an output's shape is derived from several inputs and may overflow where none did.
   const std::int64_t n = checked_numel(t.shape, dtype_size(t.dtype), what);
   if (t.data == nullptr && n != 0) {
-    throw Error(fmt::format("{}: data pointer is null", what));
+    throw Error(ErrorKind::bad_value, what, "data pointer is null");
   }
 }
 
@@ -53,13 +55,15 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   check_float(key, "key");
   check_float(value, "value");
   if (key.dtype != query.dtype || value.dtype != query.dtype) {
-    throw Error(fmt::format(
-        "key/value: expected the query's dtype {} for key and value, got key {} and value {}",
-        dtype_name(query.dtype), dtype_name(key.dtype), dtype_name(value.dtype)));
+    throw Error(
+        ErrorKind::bad_type, "key/value",
+        fmt::format("expected the query's dtype {} for key and value, got key {} and value {}",
+                    dtype_name(query.dtype), dtype_name(key.dtype), dtype_name(value.dtype)));
   }
   if (key.shape.size() != query.shape.size() || value.shape.size() != query.shape.size()) {
     throw Error(
-        fmt::format("key/value: expected the rank of query ({}), got key {} and value {} "
+        ErrorKind::bad_shape, "key/value",
+        fmt::format("expected the rank of query ({}), got key {} and value {} "
                     "(query {}, key {}, value {})",
                     query.shape.size(), key.shape.size(), value.shape.size(),
                     shape_string(query.shape), shape_string(key.shape), shape_string(value.shape)));
@@ -72,48 +76,56 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   p.S = dim(key, 2);
   p.Ev = dim(value, 1);
   if (dim(key, 1) != p.E) {
-    throw Error(fmt::format("key: expected last dimension E = {} (from query {}), got key {}", p.E,
+    throw Error(ErrorKind::bad_shape, "key",
+                fmt::format("expected last dimension E = {} (from query {}), got key {}", p.E,
                             shape_string(query.shape), shape_string(key.shape)));
   }
   if (dim(value, 2) != p.S) {
-    throw Error(fmt::format("value: expected S = {} rows (from key {}), got value {}", p.S,
+    throw Error(ErrorKind::bad_shape, "value",
+                fmt::format("expected S = {} rows (from key {}), got value {}", p.S,
                             shape_string(key.shape), shape_string(value.shape)));
   }
   if (rank >= 3) {
     p.Hq = dim(query, 3);
     p.Hkv = dim(key, 3);
     if (dim(value, 3) != p.Hkv) {
-      throw Error(fmt::format("value: expected {} heads like key {}, got value {}", p.Hkv,
+      throw Error(ErrorKind::bad_shape, "value",
+                  fmt::format("expected {} heads like key {}, got value {}", p.Hkv,
                               shape_string(key.shape), shape_string(value.shape)));
     }
   }
   for (std::size_t i = 0; i + 3 < rank; ++i) {
     if (key.shape[i] != query.shape[i] || value.shape[i] != query.shape[i]) {
-      throw Error(fmt::format(
-          "key/value: expected the same leading batch dimensions as query {}, got key {} and "
-          "value {}",
-          shape_string(query.shape), shape_string(key.shape), shape_string(value.shape)));
+      throw Error(
+          ErrorKind::bad_shape, "key/value",
+          fmt::format("expected the same leading batch dimensions as query {}, got key {} and "
+                      "value {}",
+                      shape_string(query.shape), shape_string(key.shape),
+                      shape_string(value.shape)));
     }
     p.B *= query.shape[i];
   }
   if (options.enable_gqa) {
     if (p.Hkv == 0 || p.Hq % p.Hkv != 0) {
-      throw Error(fmt::format(
-          "enable_gqa: expected query heads Hq to be a multiple of key/value heads Hkv, got Hq = "
-          "{} and Hkv = {}",
-          p.Hq, p.Hkv));
+      throw Error(
+          ErrorKind::bad_shape, "enable_gqa",
+          fmt::format("expected query heads Hq to be a multiple of key/value heads Hkv, got Hq = "
+                      "{} and Hkv = {}",
+                      p.Hq, p.Hkv));
     }
     p.group = p.Hkv == 0 ? 1 : p.Hq / p.Hkv;
   } else if (p.Hq != p.Hkv) {
-    throw Error(fmt::format(
-        "key: expected {} heads like query (or enable_gqa for grouped-query attention), got "
-        "query {} and key {}",
-        p.Hq, shape_string(query.shape), shape_string(key.shape)));
+    throw Error(
+        ErrorKind::bad_shape, "key",
+        fmt::format("expected {} heads like query (or enable_gqa for grouped-query attention), got "
+                    "query {} and key {}",
+                    p.Hq, shape_string(query.shape), shape_string(key.shape)));
   }
 
   if (options.scale.has_value()) {
     if (!std::isfinite(*options.scale)) {
-      throw Error(fmt::format("scale: expected a finite number, got {}", *options.scale));
+      throw Error(ErrorKind::bad_value, "scale",
+                  fmt::format("expected a finite number, got {}", *options.scale));
     }
     p.scale = *options.scale;
   } else {
@@ -128,17 +140,19 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   if (mask != nullptr) {
     const TensorRef& m = *mask;
     if (m.dtype != DType::boolean && m.dtype != DType::float32 && m.dtype != DType::float64) {
-      throw Error(fmt::format("mask: expected dtype bool, float32 or float64, got {}",
-                              dtype_name(m.dtype)));
+      throw Error(
+          ErrorKind::bad_type, "mask",
+          fmt::format("expected dtype bool, float32 or float64, got {}", dtype_name(m.dtype)));
     }
     checked_numel(m.shape, dtype_size(m.dtype), "mask");
     // Target shape: (..., Hq, L, S) with query's leading dimensions.
     std::vector<std::int64_t> target(query.shape.begin(), query.shape.end() - 1);
     target.push_back(p.S);
     if (m.shape.size() > target.size()) {
-      throw Error(fmt::format("mask: expected a shape that broadcasts to {}, got {} (rank {} > {})",
-                              shape_string(target), shape_string(m.shape), m.shape.size(),
-                              target.size()));
+      throw Error(
+          ErrorKind::bad_shape, "mask",
+          fmt::format("expected a shape that broadcasts to {}, got {} (rank {} > {})",
+                      shape_string(target), shape_string(m.shape), m.shape.size(), target.size()));
     }
     // Strides of the mask aligned to target's dimensions (0 where broadcast or missing).
     std::vector<std::int64_t> stride(target.size(), 0);
@@ -148,15 +162,19 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
       const std::int64_t md = m.shape[i];
       const std::int64_t td = target[lead + i];
       if (md != td && md != 1) {
-        throw Error(
-            fmt::format("mask: expected a shape that broadcasts to {}, got {} (dimension "
-                        "{} is {}, expected {} or 1)",
-                        shape_string(target), shape_string(m.shape), i, md, td));
+        // "expected 1" alone when the target dimension is itself 1 (never "1 or 1").
+        const std::string allowed = td == 1 ? "1" : fmt::format("{} or 1", td);
+        throw Error(ErrorKind::bad_shape, "mask",
+                    fmt::format("expected a shape that broadcasts to {}, got {} (dimension "
+                                "{} is {}, expected {})",
+                                shape_string(target), shape_string(m.shape), i, md, allowed));
       }
       stride[lead + i] = (md == 1) ? 0 : running;
       running *= md;
     }
-    if (m.data == nullptr && m.numel() != 0) throw Error("mask: data pointer is null");
+    if (m.data == nullptr && m.numel() != 0) {
+      throw Error(ErrorKind::bad_value, "mask", "data pointer is null");
+    }
     p.mask.present = true;
     p.mask.dtype = m.dtype;
     p.mask.data = m.data;

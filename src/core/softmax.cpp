@@ -15,8 +15,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 template <class T>
 void check_sizes(std::size_t a, std::size_t b, const char* what) {
   if (a != b) {
-    throw Error(
-        fmt::format("{}: expected {} elements (the size of the input), got {}", what, a, b));
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("expected {} elements (the size of the input), got {}", a, b));
   }
 }
 

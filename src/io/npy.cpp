@@ -3,6 +3,8 @@
 //   "\x93NUMPY" major minor, header length (uint16 LE in v1, uint32 LE in v2/v3), then an ASCII
 //   (v3: UTF-8) Python dict literal {'descr': ..., 'fortran_order': ..., 'shape': (...), }
 //   padded with spaces and a final '\n', then the raw data.
+#include "io/npy.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "io/npy_header.h"
+#include "io/output.h"
 #include "sdpa/array.h"
 
 namespace sdpa {
@@ -80,7 +83,8 @@ class HeaderParser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(fmt::format("{}: malformed .npy header ({}): {}", path_, what, s_.substr(0, 200)));
+    throw Error(ErrorKind::io, path_,
+                fmt::format("malformed .npy header ({}): {}", what, s_.substr(0, 200)));
   }
   char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
   void skip() {
@@ -125,7 +129,8 @@ class HeaderParser {
       while (peek() >= '0' && peek() <= '9') {
         const int digit = peek() - '0';
         if (v > (std::numeric_limits<std::int64_t>::max() - digit) / 10) {
-          throw Error(fmt::format("{}: .npy shape has a dimension that overflows 64 bits", path_));
+          throw Error(ErrorKind::bad_shape, path_,
+                      ".npy shape has a dimension that overflows 64 bits");
         }
         v = v * 10 + digit;
         ++i_;
@@ -163,9 +168,11 @@ std::string descr_for(DType dtype) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Writes `tensor` to a fresh temporary file beside `path`; returns the temporary's name.
-std::string write_temporary(const std::string& path, const TensorRef& tensor) {
-  const std::int64_t n = checked_numel(tensor.shape, dtype_size(tensor.dtype), path);
+}  // namespace
+
+void io::write_npy(io::OutputCommit& commit, std::size_t index, const TensorRef& tensor) {
+  const std::int64_t n =
+      checked_numel(tensor.shape, dtype_size(tensor.dtype), commit.argument(index));
   std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
                                  descr_for(tensor.dtype), shape_string(tensor.shape));
   // Pad so that the data starts at a multiple of 64 bytes; the header ends with '\n'.
@@ -178,75 +185,54 @@ std::string write_temporary(const std::string& path, const TensorRef& tensor) {
   const std::size_t total = ((prefix + dict.size() + 1 + 63) / 64) * 64;
   dict.append(total - prefix - dict.size() - 1, ' ');
   dict.push_back('\n');
-
-  std::string tmp = path + ".tmp.XXXXXX";
-  const int fd = mkstemp(tmp.data());
-  if (fd < 0) {
-    throw Error(fmt::format("{}: cannot create the output file: {}", path, errno_text()));
-  }
-  ::fchmod(fd, 0644);  // mkstemp creates 0600; outputs are ordinary files
-  File f(fdopen(fd, "wb"));
-  bool ok = f.get() != nullptr;
-  if (ok) {
-    std::string magic("\x93NUMPY", 6);
-    magic.push_back(static_cast<char>(version));
-    magic.push_back('\0');
-    const std::uint32_t len = static_cast<std::uint32_t>(dict.size());
-    if (version == 1) {
-      magic.push_back(static_cast<char>(len & 0xff));
-      magic.push_back(static_cast<char>(len >> 8));
-    } else {
-      for (int i = 0; i < 4; ++i) magic.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
-    }
-    ok = std::fwrite(magic.data(), 1, magic.size(), f.get()) == magic.size() &&
-         std::fwrite(dict.data(), 1, dict.size(), f.get()) == dict.size();
-    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(tensor.dtype);
-    if (ok && bytes > 0) ok = std::fwrite(tensor.data, 1, bytes, f.get()) == bytes;
-    ok = ok && std::fflush(f.get()) == 0;
+  std::string magic("\x93NUMPY", 6);
+  magic.push_back(static_cast<char>(version));
+  magic.push_back('\0');
+  const std::uint32_t len = static_cast<std::uint32_t>(dict.size());
+  if (version == 1) {
+    magic.push_back(static_cast<char>(len & 0xff));
+    magic.push_back(static_cast<char>(len >> 8));
   } else {
-    ::close(fd);
+    for (int i = 0; i < 4; ++i) magic.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   }
-  if (!ok) {
-    const std::string why = errno_text();
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot write the output file: {}", path, why));
-  }
-  return tmp;
+  commit.append(index, magic.data(), magic.size());
+  commit.append(index, dict.data(), dict.size());
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(tensor.dtype);
+  if (bytes > 0) commit.append(index, tensor.data, bytes);
 }
-
-}  // namespace
 
 NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
   struct stat st {};
   if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw Error(fmt::format("{}: expected a regular .npy file", path));
+    throw Error(ErrorKind::io, path, "expected a regular .npy file");
   }
   const std::int64_t file_size = st.st_size;
   unsigned char magic[8];
   if (std::fread(magic, 1, 8, file) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0) {
-    throw Error(fmt::format("{}: not a .npy file (expected the magic string \\x93NUMPY)", path));
+    throw Error(ErrorKind::io, path, "not a .npy file (expected the magic string \\x93NUMPY)");
   }
   const int major = magic[6];
   if (major < 1 || major > 3) {
-    throw Error(fmt::format("{}: unsupported .npy format version {}.{} (expected 1, 2 or 3)", path,
-                            major, int(magic[7])));
+    throw Error(ErrorKind::io, path,
+                fmt::format("unsupported .npy format version {}.{} (expected 1, 2 or 3)", major,
+                            int(magic[7])));
   }
   std::uint32_t header_len = 0;
   unsigned char len_bytes[4] = {0, 0, 0, 0};
   const std::size_t len_size = major == 1 ? 2 : 4;
   if (std::fread(len_bytes, 1, len_size, file) != len_size) {
-    throw Error(fmt::format("{}: truncated .npy header", path));
+    throw Error(ErrorKind::io, path, "truncated .npy header");
   }
   for (std::size_t i = 0; i < len_size; ++i) header_len |= std::uint32_t(len_bytes[i]) << (8 * i);
   const std::int64_t data_offset = 8 + static_cast<std::int64_t>(len_size) + header_len;
   if (data_offset > file_size) {
-    throw Error(
-        fmt::format("{}: truncated .npy header (header length {} but the file has {} bytes)", path,
-                    header_len, file_size));
+    throw Error(ErrorKind::io, path,
+                fmt::format("truncated .npy header (header length {} but the file has {} bytes)",
+                            header_len, file_size));
   }
   std::string header(header_len, '\0');
   if (header_len > 0 && std::fread(header.data(), 1, header_len, file) != header_len) {
-    throw Error(fmt::format("{}: truncated .npy header", path));
+    throw Error(ErrorKind::io, path, "truncated .npy header");
   }
   std::string descr;
   bool fortran = false;
@@ -260,51 +246,57 @@ NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
   } else if (descr == "|b1") {
     dtype = DType::boolean;
   } else {
-    throw Error(fmt::format(
-        "{}: unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8' or bool "
-        "'|b1')",
-        path, descr));
+    throw Error(
+        ErrorKind::bad_type, path,
+        fmt::format(
+            "unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8' or bool "
+            "'|b1')",
+            descr));
   }
   if (fortran) {
-    throw Error(
-        fmt::format("{}: Fortran-order arrays are not supported (expected C order); save "
-                    "with numpy.ascontiguousarray",
-                    path));
+    throw Error(ErrorKind::bad_type, path,
+                "Fortran-order arrays are not supported (expected C order); save with "
+                "numpy.ascontiguousarray");
   }
   const std::int64_t n = checked_numel(shape, dtype_size(dtype), path);
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
   const std::int64_t available = file_size - data_offset;
   if (available != bytes) {
-    throw Error(fmt::format(
-        "{}: the header promises shape {} of {} ({} bytes of data) but the file holds {} bytes "
-        "after the header ({})",
-        path, shape_string(shape), dtype_name(dtype), bytes, available,
-        available < bytes ? "truncated" : "trailing bytes"));
+    throw Error(
+        ErrorKind::io, path,
+        fmt::format(
+            "the header promises shape {} of {} ({} bytes of data) but the file holds {} bytes "
+            "after the header ({})",
+            shape_string(shape), dtype_name(dtype), bytes, available,
+            available < bytes ? "truncated" : "trailing bytes"));
   }
   return NpyHeader{dtype, shape, data_offset, n};
 }
 
 Array read_npy(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"));
+  // Refuses a FIFO, a device or a directory before reading, without blocking on it.
+  const int fd = io::open_regular_for_reading(path, path);
+  File f(fdopen(fd, "rb"));
   if (f.get() == nullptr) {
-    throw Error(fmt::format("{}: cannot open for reading: {}", path, errno_text()));
+    ::close(fd);
+    throw Error(ErrorKind::io, path, fmt::format("cannot open for reading: {}", errno_text()));
   }
   const NpyHeader h = read_npy_header(f.get(), path);
   const DType dtype = h.dtype;
-  const std::vector<std::int64_t>& shape = h.shape;
   const std::int64_t n = h.numel;
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
-  Array out(dtype, shape);
+  Array out(dtype, h.shape);
   if (bytes > 0 && std::fread(out.data(), 1, static_cast<std::size_t>(bytes), f.get()) !=
                        static_cast<std::size_t>(bytes)) {
-    throw Error(fmt::format("{}: could not read {} bytes of data", path, bytes));
+    throw Error(ErrorKind::io, path, fmt::format("could not read {} bytes of data", bytes));
   }
   if (dtype == DType::boolean) {
     auto* b = out.data_as<std::uint8_t>();
     for (std::int64_t i = 0; i < n; ++i) {
       if (b[i] > 1) {
-        throw Error(fmt::format("{}: bool array holds byte {} at index {} (expected 0 or 1)", path,
-                                int(b[i]), i));
+        throw Error(
+            ErrorKind::io, path,
+            fmt::format("bool array holds byte {} at index {} (expected 0 or 1)", int(b[i]), i));
       }
     }
   }
@@ -312,31 +304,11 @@ Array read_npy(const std::string& path) {
 }
 
 void write_npy_all(const std::vector<std::pair<std::string, TensorRef>>& files) {
-  std::vector<std::string> temps;
-  try {
-    for (const auto& [path, tensor] : files) temps.push_back(write_temporary(path, tensor));
-  } catch (...) {
-    for (const auto& t : temps) std::remove(t.c_str());
-    throw;
-  }
-  // rename() over a directory fails; found after the first renames, that failure would leave
-  // some outputs written. The temporaries sit beside their destinations, so the other causes
-  // (permissions, read-only file systems) already failed in write_temporary.
-  for (const auto& [path, tensor] : files) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      for (const auto& t : temps) std::remove(t.c_str());
-      throw Error(fmt::format("{}: expected a file to write, found a directory", path));
-    }
-  }
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    if (std::rename(temps[i].c_str(), files[i].first.c_str()) != 0) {
-      const std::string why = errno_text();
-      for (std::size_t j = i; j < temps.size(); ++j) std::remove(temps[j].c_str());
-      throw Error(
-          fmt::format("{}: cannot move the finished file into place: {}", files[i].first, why));
-    }
-  }
+  io::OutputCommit commit;
+  std::vector<std::size_t> index;
+  for (const auto& [path, tensor] : files) index.push_back(commit.add_file(path, path));
+  for (std::size_t i = 0; i < files.size(); ++i) io::write_npy(commit, index[i], files[i].second);
+  commit.commit();
 }
 
 void write_npy(const std::string& path, const TensorRef& tensor) {

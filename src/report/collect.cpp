@@ -2,14 +2,18 @@
 #include "report/collect.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "bench/bench.h"
+#include "io/output.h"
 #include "lab/lab.h"
 #include "lab/random.h"
 #include "lab/streams.h"
@@ -27,13 +31,40 @@ std::vector<std::string> lab_experiment_names() {
 
 namespace {
 
+// A lab result nests 5 levels deep; 64 leaves room and keeps a hostile file (a million '[')
+// from overflowing the stack of the serializer, which recurses once per level.
+constexpr int kMaxJsonDepth = 64;
+
 json read_json_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
+  const int fd = io::open_regular_for_reading(path.string(), "--from");
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw Error(ErrorKind::io, "--from",
+                  fmt::format("cannot read {}: {}", path.string(), std::strerror(e)));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
   try {
-    return json::parse(in);
+    return json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) {
+        throw Error(ErrorKind::io, "--from",
+                    fmt::format("{}: expected a lab result, got JSON nested more than {} levels "
+                                "deep",
+                                path.string(), kMaxJsonDepth));
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
-    throw std::runtime_error(path.string() + ": not valid JSON: " + e.what());
+    throw Error(ErrorKind::io, "--from",
+                fmt::format("{} is not valid JSON: {}", path.string(), e.what()));
   }
 }
 

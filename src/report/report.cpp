@@ -4,10 +4,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
+#include "io/output.h"
 #include "report/build.h"
 #include "report/collect.h"
 #include "sdpa/sdpa.h"
@@ -20,7 +23,12 @@ void write_file(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
   out.close();
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  if (!out) {
+    const int e = errno;
+    throw Error(ErrorKind::io, "--out",
+                fmt::format("cannot write {}: {}", path.string(),
+                            e != 0 ? std::strerror(e) : "write failed"));
+  }
 }
 
 // Refuse to replace a folder that is not an earlier report: --out ~ must not empty a home.
@@ -65,6 +73,13 @@ ReportSummary write_report(const ReportOptions& options) {
                     "report's data/), got {} which is not a folder",
                     options.from->string()));
   }
+  const fs::path out = fs::absolute(options.out).lexically_normal();
+  const fs::path final_dir = out.has_filename() ? out : out.parent_path();
+  // The folder is built in a temporary beside --out, created now: an unwritable place fails
+  // before minutes of experiments. The commit swaps it in whole, and it is removed on an error
+  // or on SIGINT, SIGTERM, SIGHUP (io/output.h).
+  io::OutputCommit commit;
+  const fs::path tmp = commit.directory(commit.add_directory("--out", final_dir.string()));
   // Before running minutes of experiments: the figures need gnuplot.
   if (find_gnuplot().empty()) {
     throw std::runtime_error(
@@ -77,55 +92,29 @@ ReportSummary write_report(const ReportOptions& options) {
     std::cerr << fmt::format("[report {:6.1f} s] {}\n", s, what) << std::flush;
   };
 
-  const fs::path out = fs::absolute(options.out).lexically_normal();
-  const fs::path final_dir = out.has_filename() ? out : out.parent_path();
-  fs::create_directories(final_dir.parent_path());
-  const fs::path tmp =
-      final_dir.parent_path() / fmt::format(".{}.tmp-{}", final_dir.filename().string(), getpid());
-  fs::remove_all(tmp);
-
   const Inputs inputs = collect(options, progress);
   ReportSummary summary;
-  try {
-    fs::create_directories(tmp / "figures");
-    fs::create_directories(tmp / "data");
-    progress("figures");
-    Built built = build_document(inputs, options, tmp / ".gnuplot");
-    for (const auto& [id, svg] : built.figure_svgs)
-      write_file(tmp / "figures" / (id + ".svg"), svg);
-    for (const auto& [name, text] : built.data_files) write_file(tmp / "data" / name, text);
-    for (const auto& [name, result] : inputs.lab) {
-      write_file(tmp / "data" / (name + ".json"), result.dump(1) + "\n");
-    }
-    if (!inputs.bench.is_null())
-      write_file(tmp / "data" / "bench.json", inputs.bench.dump(1) + "\n");
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    built.document.meta = header_meta(inputs, options, seconds);
-    write_file(tmp / "report.md", render_markdown(built.document));
-    write_file(tmp / "index.html", render_html(built.document));
-    fs::remove_all(tmp / ".gnuplot");
-    summary.figures = static_cast<int>(built.figure_svgs.size());
-    summary.tables = static_cast<int>(built.data_files.size());
-    summary.missing = built.missing;
-    summary.seconds = seconds;
-    // Swap: the old report (if any) steps aside, the new one takes its name, the old one goes.
-    const fs::path old = final_dir.parent_path() /
-                         fmt::format(".{}.old-{}", final_dir.filename().string(), getpid());
-    const bool had_old = fs::exists(final_dir);
-    if (had_old) fs::rename(final_dir, old);
-    try {
-      fs::rename(tmp, final_dir);
-    } catch (...) {
-      if (had_old) fs::rename(old, final_dir);
-      throw;
-    }
-    if (had_old) fs::remove_all(old);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
+  fs::create_directories(tmp / "figures");
+  fs::create_directories(tmp / "data");
+  progress("figures");
+  Built built = build_document(inputs, options, tmp / ".gnuplot");
+  for (const auto& [id, svg] : built.figure_svgs) write_file(tmp / "figures" / (id + ".svg"), svg);
+  for (const auto& [name, text] : built.data_files) write_file(tmp / "data" / name, text);
+  for (const auto& [name, result] : inputs.lab) {
+    write_file(tmp / "data" / (name + ".json"), result.dump(1) + "\n");
   }
+  if (!inputs.bench.is_null()) write_file(tmp / "data" / "bench.json", inputs.bench.dump(1) + "\n");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  built.document.meta = header_meta(inputs, options, seconds);
+  write_file(tmp / "report.md", render_markdown(built.document));
+  write_file(tmp / "index.html", render_html(built.document));
+  fs::remove_all(tmp / ".gnuplot");
+  summary.figures = static_cast<int>(built.figure_svgs.size());
+  summary.tables = static_cast<int>(built.data_files.size());
+  summary.missing = built.missing;
+  summary.seconds = seconds;
+  commit.commit();
   summary.index_html = final_dir / "index.html";
   summary.report_md = final_dir / "report.md";
   return summary;

@@ -8,8 +8,9 @@
 //   DIR/data/*.csv      every lab table as CSV, every figure's plotted points as CSV
 //   DIR/data/*.json     the raw lab results and the benchmark object, as the lab printed them
 //
-// The folder is built beside DIR (DIR.tmp-<pid>) and renamed into place at the end, so DIR is
-// either the previous complete report or the new complete one, never half-written.
+// The folder is built beside DIR (a hidden .sdpa-XXXXXX) and renamed into place at the end, so
+// DIR is either the previous complete report or the new complete one, never half-written; the
+// temporary is removed on an error and on SIGINT, SIGTERM or SIGHUP (io/output.h).
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@ namespace sdpa::test {
 struct CliResult {
   int status = -1;  // exit status, or 128 + signal number when killed by a signal
   std::string out, err;
+  bool timed_out = false;
 };
 
 inline std::string cli_path() {
@@ -39,8 +41,10 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-/// Runs `sdpa args...` with stdout and stderr sent to files in `scratch_dir`.
-inline CliResult run_cli(const std::vector<std::string>& args, const std::string& scratch_dir) {
+/// Starts `sdpa args...` with stdout and stderr sent to files in `scratch_dir`, with SIGINT,
+/// SIGTERM and SIGHUP at their default actions (whatever this process does with them); returns
+/// its process id. finish_cli() collects it.
+inline pid_t start_cli(const std::vector<std::string>& args, const std::string& scratch_dir) {
   const std::string out_path = scratch_dir + "/.stdout", err_path = scratch_dir + "/.stderr";
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -54,19 +58,49 @@ inline CliResult run_cli(const std::vector<std::string>& args, const std::string
   std::vector<char*> argv;
   for (auto& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, program.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) throw std::runtime_error("cannot start " + program);
+  return pid;
+}
+
+/// Waits for `pid` (started by start_cli in `scratch_dir`) at most `timeout_s` seconds, then
+/// kills it (status 128 + 9, and `timed_out`).
+inline CliResult finish_cli(pid_t pid, const std::string& scratch_dir, double timeout_s = 120) {
   int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
   CliResult r;
+  for (double waited = 0;; waited += 0.01) {
+    if (waitpid(pid, &wstatus, WNOHANG) == pid) break;
+    if (waited > timeout_s) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &wstatus, 0);
+      r.timed_out = true;
+      break;
+    }
+    usleep(10000);
+  }
   r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  const std::string out_path = scratch_dir + "/.stdout", err_path = scratch_dir + "/.stderr";
   r.out = slurp(out_path);
   r.err = slurp(err_path);
   std::remove(out_path.c_str());
   std::remove(err_path.c_str());
   return r;
+}
+
+/// Runs `sdpa args...` with stdout and stderr sent to files in `scratch_dir`.
+inline CliResult run_cli(const std::vector<std::string>& args, const std::string& scratch_dir,
+                         double timeout_s = 120) {
+  return finish_cli(start_cli(args, scratch_dir), scratch_dir, timeout_s);
 }
 
 }  // namespace sdpa::test

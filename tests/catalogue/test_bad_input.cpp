@@ -291,7 +291,7 @@ TEST_F(BadInput, EveryRowThroughTheCli) {
       EXPECT_FALSE(fs::exists(path(name))) << row.what << ": wrote " << name;
     }
     for (const auto& e : fs::recursive_directory_iterator(*dir_)) {
-      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos)
+      EXPECT_EQ(e.path().filename().string().find(".sdpa-"), std::string::npos)
           << row.what << ": left a temporary file " << e.path();
     }
     EXPECT_EQ(hash_of_inputs(*dir_), before) << row.what << ": an input file changed";

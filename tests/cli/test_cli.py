@@ -79,8 +79,18 @@ with tempfile.TemporaryDirectory() as d:
         check(name in r.stderr, f"{extra}: message names {name}: {r.stderr.strip()}")
         check(not os.path.exists(p("bad_out.npy")), f"{extra}: nothing written")
     check(np.array_equal(np.load(p("q.npy")), q), "an input is never overwritten")
-    leftovers = [f for f in os.listdir(d) if ".tmp." in f]
+    leftovers = [f for f in os.listdir(d) if f.startswith(".sdpa-") or ".tmp." in f]
     check(not leftovers, f"no temporary files left: {leftovers}")
+
+    # option-parse errors read like every other error, with the allowed range
+    r = run("attention", "--query", p("q.npy"), "--key", p("k.npy"), "--value", p("v.npy"),
+            "--out", p("bad_out.npy"), "--threads", "1e9")
+    check(r.returncode == 2 and "sdpa: error: --threads: expected 0 (one per core) or 1..1024, "
+          "got 1e9" in r.stderr, f"--threads 1e9: prefix and range: {r.stderr.strip()}")
+    r = run("attention", "--query", p("q.npy"), "--key", p("k.npy"), "--value", p("v.npy"),
+            "--out", "")
+    check(r.returncode == 2 and "sdpa: error: --out: expected a file path" in r.stderr,
+          f"--out '' names --out: {r.stderr.strip()}")
 
 # softmax
 r = run("softmax", "--logits", "1000,10,5", "--json")
