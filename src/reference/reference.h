@@ -16,16 +16,31 @@
 //     are not trusted), then dS = P * (dP - D), D = rowsum(dout * out), per row.
 //   - deterministic and identical for any thread count: each output element is written by one
 //     thread, in a fixed order of summation.
+//   - on request, the float64 matrices behind the result (the scores, P and dS, as
+//     FlashAttention's tests get with return_attn_probs): the values the same code uses for out
+//     and the gradients, copied out row by row, not a second computation. They are O(L S) memory,
+//     so they are for tests and experiments, not for large problems.
 #pragma once
 
 #include "core/problem.h"
 
 namespace sdpa::detail {
 
-/// out [B][Hq][L][Ev], lse [B][Hq][L] (nullable), of dtype p.dtype.
-void reference_forward(const Problem& p, void* out, void* lse);
+/// Optional float64 outputs, each [B][Hq][L][S] in C order; a null pointer is not written.
+struct ReferenceMatrices {
+  double* scores = nullptr;   // scale * q.k + mask; -inf where the key is invisible to the row
+  double* probs = nullptr;    // P = exp(score - lse); 0 where invisible, a row of 0 without keys
+  double* dscores = nullptr;  // backward only: dS = P * (dP - D), the gradient on the scores
+};
+
+/// out [B][Hq][L][Ev], lse [B][Hq][L], of dtype p.dtype; each nullable. Without out the P V
+/// product is skipped: scores and P alone cost one pass of q.k and one of exp per row.
+void reference_forward(const Problem& p, void* out, void* lse, const ReferenceMatrices& m = {});
 
 /// grad_out [B][Hq][L][Ev] -> dq [B][Hq][L][E], dk [B][Hkv][S][E], dv [B][Hkv][S][Ev].
-void reference_backward(const Problem& p, const void* grad_out, void* dq, void* dk, void* dv);
+/// dq, dk and dv are all given or all null; when null only the matrices are computed (the
+/// accumulation of the gradients is skipped, and rows run in parallel instead of key heads).
+void reference_backward(const Problem& p, const void* grad_out, void* dq, void* dk, void* dv,
+                        const ReferenceMatrices& m = {});
 
 }  // namespace sdpa::detail

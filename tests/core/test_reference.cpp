@@ -1,5 +1,6 @@
 // The reference attention: hand-computed cases, gradients against central finite differences,
-// the properties its semantics imply, masking edge cases and argument errors.
+// the properties its semantics imply, masking edge cases, its optional scores/P/dS matrices and
+// argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,8 @@
 #include <limits>
 
 #include "../common/test_util.h"
+#include "core/problem.h"
+#include "reference/reference.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -363,6 +366,213 @@ TEST(Reference, ResultIsIdenticalForAnyThreadCount) {
   const Grads g1 = backward(in, one), g3 = backward(in, three);
   EXPECT_EQ(std::memcmp(g1.dk.data(), g3.dk.data(), g1.dk.nbytes()), 0);
   EXPECT_EQ(std::memcmp(g1.dq.data(), g3.dq.data(), g1.dq.nbytes()), 0);
+}
+
+// ---- the optional matrices: scores, P and dS ----------------------------------------------
+
+// The scores, P and dS of one problem, from the reference's optional outputs.
+struct Matrices {
+  std::vector<double> scores, probs, dscores;
+  Array out, lse, dq, dk, dv;  // the forward's, and the backward's when it ran in full
+};
+
+Matrices reference_matrices(const Inputs& in, const AttentionOptions& o, bool full) {
+  const sdpa::detail::Problem p = sdpa::detail::resolve_problem(in.q, in.k, in.v, in.mask_ref(), o);
+  const auto n = static_cast<std::size_t>(p.B * p.Hq * p.L * p.S);
+  Matrices m;
+  m.scores.assign(n, 1.0);  // not 0 or -inf: an element never written shows
+  m.probs.assign(n, 7.0);
+  m.dscores.assign(n, 7.0);
+  std::vector<double> fwd_scores(n, 1.0), fwd_probs(n, 7.0);
+  m.lse = Array(in.q.dtype(), sdpa::attention_lse_shape(in.q));
+  if (full) m.out = Array(in.q.dtype(), sdpa::attention_output_shape(in.q, in.k, in.v, o));
+  sdpa::detail::reference_forward(p, full ? m.out.data() : nullptr, m.lse.data(),
+                                  {fwd_scores.data(), fwd_probs.data(), nullptr});
+  sdpa::detail::ReferenceMatrices bwd{m.scores.data(), m.probs.data(), m.dscores.data()};
+  if (full) {
+    m.dq = Array(in.q.dtype(), in.q.shape());
+    m.dk = Array(in.k.dtype(), in.k.shape());
+    m.dv = Array(in.v.dtype(), in.v.shape());
+    sdpa::detail::reference_backward(p, in.dout.data(), m.dq.data(), m.dk.data(), m.dv.data(), bwd);
+  } else {
+    sdpa::detail::reference_backward(p, in.dout.data(), nullptr, nullptr, nullptr, bwd);
+  }
+  // The forward and the backward share one row computation: the same matrices, bit for bit.
+  EXPECT_EQ(fwd_scores, m.scores);
+  EXPECT_EQ(0, std::memcmp(fwd_probs.data(), m.probs.data(), n * sizeof(double)));
+  return m;
+}
+
+// Cases with masks (bool, additive with -inf), both causal alignments, GQA, odd sizes, and rows
+// without any visible key (L > S with lower_right; a random mask may also empty a row).
+std::vector<Case> matrix_cases() {
+  std::vector<Case> cases;
+  for (std::int64_t E : {1, 3, 17}) {
+    for (auto causal : {Causal::none, Causal::upper_left, Causal::lower_right}) {
+      for (int mask_kind : {0, 1, 2}) {
+        Case c;
+        c.lead = {2};
+        c.Hq = 2;
+        c.Hkv = 1;
+        c.L = E == 3 ? 7 : 3;  // E = 3: more queries than keys
+        c.S = 5;
+        c.E = E;
+        c.Ev = 2;
+        c.options.enable_gqa = true;
+        c.options.causal = causal;
+        c.options.scale = 0.8;
+        c.mask_kind = mask_kind;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+// Element (row, s) of the mask's additive value for a full-shape mask, -inf for false.
+double mask_value(const Inputs& in, std::int64_t i) {
+  if (!in.has_mask) return 0.0;
+  if (in.mask.dtype() == DType::boolean) {
+    return in.mask.data_as<std::uint8_t>()[i] ? 0.0 : -std::numeric_limits<double>::infinity();
+  }
+  return get(in.mask, i);
+}
+
+TEST(ReferenceMatrices, ScoresAndProbabilitiesMatchAnIndependentComputation) {
+  std::uint64_t seed = 40;
+  int empty_rows = 0;
+  for (const Case& c : matrix_cases()) {
+    for (DType dt : {DType::float64, DType::float32}) {
+      const Inputs in = make_inputs(c, dt, seed++);
+      const Matrices m = reference_matrices(in, c.options, /*full=*/false);
+      const std::int64_t B = 2, Hq = c.Hq, L = c.L, S = c.S, E = c.E, group = c.Hq / c.Hkv;
+      for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          for (std::int64_t l = 0; l < L; ++l) {
+            const std::int64_t row = (b * Hq + h) * L + l;
+            const double lse = get(m.lse, row);
+            double sum = 0;
+            for (std::int64_t s = 0; s < S; ++s) {
+              const std::int64_t i = row * S + s;
+              std::int64_t last = S - 1;
+              if (c.options.causal == Causal::upper_left) last = l;
+              if (c.options.causal == Causal::lower_right) last = l + S - L;
+              double score = -std::numeric_limits<double>::infinity();
+              const double bias = mask_value(in, i);
+              if (s <= last && bias != score) {
+                double dot = 0;
+                for (std::int64_t e = 0; e < E; ++e) {
+                  dot +=
+                      get(in.q, row * E + e) * get(in.k, ((b * c.Hkv + h / group) * S + s) * E + e);
+                }
+                score = *c.options.scale * dot + bias;
+              }
+              if (std::isinf(score)) {
+                ASSERT_EQ(m.scores[i], score) << c.name();
+              } else {
+                ASSERT_NEAR(m.scores[i], score, 1e-13 * (1 + std::fabs(score))) << c.name();
+              }
+              // P = exp(score - lse), 0 where the key is invisible; lse is rounded to the dtype.
+              const double expected = std::isinf(score) ? 0.0 : std::exp(m.scores[i] - lse);
+              const double tol = dt == DType::float32 ? 1e-6 : 1e-13;
+              ASSERT_NEAR(m.probs[i], expected, tol * expected + 1e-15) << c.name() << " " << i;
+              sum += m.probs[i];
+            }
+            if (std::isinf(lse)) {  // a row without keys: P is all 0
+              EXPECT_EQ(sum, 0.0) << c.name() << " row " << row;
+              ++empty_rows;
+            } else {
+              EXPECT_NEAR(sum, 1.0, 1e-14) << c.name() << " row " << row;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(empty_rows, 0);  // the cases do exercise rows without keys
+}
+
+TEST(ReferenceMatrices, DScoresIsTheGradientOnTheMaskByFiniteDifferences) {
+  // With an additive float64 mask, score = scale q.k + mask, so dS = d sum(out * dout) / d mask.
+  std::uint64_t seed = 70;
+  for (Case c : matrix_cases()) {
+    if (c.mask_kind != 2) continue;
+    Inputs in = make_inputs(c, DType::float64, seed++);
+    const Matrices m = reference_matrices(in, c.options, /*full=*/false);
+    const double h = 1e-5;
+    double worst = 0, size = 1e-300;
+    for (std::int64_t i = 0; i < in.mask.numel(); ++i) {
+      const double x0 = get(in.mask, i);
+      if (std::isinf(x0)) {
+        EXPECT_EQ(m.dscores[i], 0.0);
+        continue;
+      }
+      set(in.mask, i, x0 + h);
+      const double fp = loss(in, c.options);
+      set(in.mask, i, x0 - h);
+      const double fm = loss(in, c.options);
+      set(in.mask, i, x0);
+      const double fd = (fp - fm) / (2 * h);
+      worst = std::max(worst, std::fabs(fd - m.dscores[i]));
+      size = std::max(size, std::fabs(fd));
+    }
+    EXPECT_LT(worst / size, 1e-7) << c.name();
+  }
+}
+
+TEST(ReferenceMatrices, DScoresIsPTimesDPMinusD) {
+  // dS = P (dP - D), dP = dout v^T, with D = sum_s P dP computed here (the reference uses
+  // dout . out, equal in exact arithmetic); so every row of dS also sums to 0.
+  std::uint64_t seed = 90;
+  for (const Case& c : matrix_cases()) {
+    const Inputs in = make_inputs(c, DType::float32, seed++);
+    const Matrices fast = reference_matrices(in, c.options, /*full=*/false);
+    const Matrices full = reference_matrices(in, c.options, /*full=*/true);
+    // The dS-only backward and the full one: the same matrices; the full one the same
+    // gradients as the public backward.
+    EXPECT_EQ(fast.dscores, full.dscores) << c.name();
+    const Grads g = backward(in, c.options);
+    EXPECT_EQ(max_abs_diff(g.dq, full.dq), 0.0) << c.name();
+    EXPECT_EQ(max_abs_diff(g.dk, full.dk), 0.0) << c.name();
+    EXPECT_EQ(max_abs_diff(g.dv, full.dv), 0.0) << c.name();
+    EXPECT_EQ(max_abs_diff(g.out, full.out), 0.0) << c.name();
+    const std::int64_t rows = 2 * c.Hq * c.L, S = c.S, Ev = c.Ev, group = c.Hq / c.Hkv;
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t bh = row / c.L, kv = (bh / c.Hq) * c.Hkv + (bh % c.Hq) / group;
+      std::vector<double> dp(S);
+      double D = 0, sum = 0, size = 0;
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t e = 0; e < Ev; ++e) {
+          dp[s] += get(in.dout, row * Ev + e) * get(in.v, (kv * S + s) * Ev + e);
+        }
+        D += fast.probs[row * S + s] * dp[s];
+      }
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double p = fast.probs[row * S + s], ds = fast.dscores[row * S + s];
+        ASSERT_NEAR(ds, p * (dp[s] - D), 1e-12 * (1 + std::fabs(dp[s]))) << c.name();
+        sum += ds;
+        size += p * std::fabs(dp[s]);  // the sum cancels terms of this size
+      }
+      EXPECT_LE(std::fabs(sum), 1e-13 * (size + std::fabs(D))) << c.name() << " row " << row;
+    }
+  }
+}
+
+TEST(ReferenceMatrices, IdenticalForAnyThreadCount) {
+  Case c = property_case(17);
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.options.enable_gqa = true;
+  c.options.causal = Causal::lower_right;
+  c.mask_kind = 2;
+  const Inputs in = make_inputs(c, DType::float32, 16);
+  AttentionOptions one = c.options, three = c.options;
+  one.threads = 1;
+  three.threads = 3;
+  const Matrices m1 = reference_matrices(in, one, false), m3 = reference_matrices(in, three, false);
+  EXPECT_EQ(m1.scores, m3.scores);
+  EXPECT_EQ(m1.probs, m3.probs);
+  EXPECT_EQ(m1.dscores, m3.dscores);
 }
 
 // ---- argument errors ----------------------------------------------------------------------
