@@ -10,19 +10,23 @@
 // For each: the logits' measured standard deviation, the softmax's entropy against the random
 // energy model's ln N - s^2/2 (s the theory's standard deviation), the max probability, and the
 // gradient reaching the logits (for softcap, the logits before the cap) from a random upstream
-// gradient, through the library's softmax and softmax_backward: its median norm and the
+// gradient on P, through the library's softmax_backward: its median norm and the
 // fraction of rows below a thousandth of the median of 1/sqrt(d) at sigma = 1 ("dead").
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/problem.h"
 #include "lab/common.h"
 #include "lab/experiments.h"
 #include "lab/random.h"
 #include "lab/scales.h"
 #include "lab/stats.h"
 #include "lab/streams.h"
+#include "reference/reference.h"
+#include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -36,6 +40,8 @@ constexpr double kCap = 50.0;
 constexpr Scale kMethods[] = {Scale::one, Scale::inv_sqrt_d, Scale::inv_d, Scale::qk_norm,
                               Scale::softcap};
 constexpr int kBaseline = 1;  // 1/sqrt(d) at sigma = 1: the "dead" threshold is relative to it
+// softcap transforms the logits of 1/sqrt(d), so that method must come first.
+static_assert(kMethods[kBaseline] == Scale::inv_sqrt_d && kMethods[4] == Scale::softcap);
 
 // The standard deviation of the logits that the method's closed form gives (softcap: the
 // uncapped value, an upper bound).
@@ -73,76 +79,82 @@ json alternatives_table(const LabOptions& options) {
     for (std::size_t di = 0; di < std::size(kAltDs); ++di) {
       const int d = kAltDs[di];
       // Keys (shared by the rows) and their norms; each query row draws its own q and dP.
-      std::vector<double> k(static_cast<std::size_t>(n) * d), k_norm(n);
+      Array q(DType::float64, {rows, d}), k(DType::float64, {n, d});
+      Array q_unit(DType::float64, {rows, d}), k_unit(DType::float64, {n, d});
+      const Array v(DType::float64, {n, 1});  // never read: the P-only forward skips P V
+      std::vector<double> dp(static_cast<std::size_t>(rows) * n);
+      const double rd = std::sqrt(static_cast<double>(d));
+      // One row of x scaled to RMS 1 (norm sqrt(d)): the inputs of qk-norm.
+      const auto rms_normalise = [d, rd](const double* x, double* out) {
+        double s = 0;
+        for (int e = 0; e < d; ++e) s += x[e] * x[e];
+        const double f = rd / std::sqrt(s);
+        for (int e = 0; e < d; ++e) out[e] = x[e] * f;
+      };
       for (int j = 0; j < n; ++j) {
         Stream st(options.seed,
                   stream_id({streams::kAlternatives, si, static_cast<std::uint64_t>(d), 1,
                              static_cast<std::uint64_t>(j)}));
-        double s = 0;
-        for (int e = 0; e < d; ++e) {
-          const double x = sigma * st.normal();
-          k[static_cast<std::size_t>(j) * d + e] = x;
-          s += x * x;
-        }
-        k_norm[j] = std::sqrt(s);
+        double* kj = k.data_as<double>() + static_cast<std::size_t>(j) * d;
+        for (int e = 0; e < d; ++e) kj[e] = sigma * st.normal();
+        rms_normalise(kj, k_unit.data_as<double>() + static_cast<std::size_t>(j) * d);
       }
-      std::vector<RowResult> res(static_cast<std::size_t>(rows) * n_methods);
       parallel_for(rows, options.threads, [&](std::int64_t r) {
         Stream st(options.seed,
                   stream_id({streams::kAlternatives, si, static_cast<std::uint64_t>(d), 0,
                              static_cast<std::uint64_t>(r)}));
-        std::vector<double> q(d), x(n), z(n), p(n), dp(n), ds(n);
-        double qn = 0;
-        for (double& v : q) {
-          v = sigma * st.normal();
-          qn += v * v;
+        double* qr = q.data_as<double>() + r * d;
+        for (int e = 0; e < d; ++e) qr[e] = sigma * st.normal();
+        rms_normalise(qr, q_unit.data_as<double>() + r * d);
+        for (int j = 0; j < n; ++j) dp[static_cast<std::size_t>(r) * n + j] = st.normal();
+      });
+      std::vector<RowResult> res(static_cast<std::size_t>(rows) * n_methods);
+      std::vector<double> y(static_cast<std::size_t>(rows) * n), z(y.size()), p(y.size());
+      for (int mi = 0; mi < n_methods; ++mi) {
+        const Scale m = kMethods[mi];
+        // The attention part through the float64 reference (its P-only forward): the logits
+        // scale * q.k and their softmax P. qk-norm is attention on RMS-normalised q and k at
+        // 1/sqrt(d). Softcap is not attention with a scale: it transforms the 1/sqrt(d) logits
+        // (kept from that method, which kMethods lists earlier) with c tanh(y / c), then takes the
+        // library's softmax.
+        if (m == Scale::softcap) {
+          for (std::size_t i = 0; i < y.size(); ++i) z[i] = kCap * std::tanh(y[i] / kCap);
+          parallel_for(rows, options.threads, [&](std::int64_t r) {
+            const std::size_t at = static_cast<std::size_t>(r) * n;
+            softmax<double>(std::span<const double>(z.data() + at, n),
+                            std::span<double>(p.data() + at, n));
+          });
+        } else {
+          AttentionOptions opt;
+          opt.threads = options.threads;
+          opt.scale = m == Scale::one ? 1.0 : m == Scale::inv_d ? 1.0 / d : 1.0 / rd;
+          const bool unit = m == Scale::qk_norm;
+          const detail::Problem problem =
+              detail::resolve_problem(unit ? q_unit : q, unit ? k_unit : k, v, nullptr, opt);
+          detail::reference_forward(problem, nullptr, nullptr, {z.data(), p.data(), nullptr});
+          if (m == Scale::inv_sqrt_d) y = z;
         }
-        qn = std::sqrt(qn);
-        for (double& v : dp) v = st.normal();
-        for (int j = 0; j < n; ++j) {
-          const double* kj = k.data() + static_cast<std::size_t>(j) * d;
-          double s = 0;
-          for (int e = 0; e < d; ++e) s += q[e] * kj[e];
-          x[j] = s;
-        }
-        const double rd = std::sqrt(static_cast<double>(d));
-        for (int mi = 0; mi < n_methods; ++mi) {
-          const Scale m = kMethods[mi];
-          for (int j = 0; j < n; ++j) {
-            switch (m) {
-              case Scale::one:
-                z[j] = x[j];
-                break;
-              case Scale::inv_sqrt_d:
-                z[j] = x[j] / rd;
-                break;
-              case Scale::inv_d:
-                z[j] = x[j] / d;
-                break;
-              case Scale::qk_norm:
-                z[j] = rd * x[j] / (qn * k_norm[j]);
-                break;
-              case Scale::softcap:
-                z[j] = kCap * std::tanh(x[j] / rd / kCap);
-                break;
-            }
-          }
-          softmax<double>(z, p);
-          softmax_backward<double>(p, dp, ds);
+        // The upstream gradient is drawn on P itself (not dO V^T as in attention), so the
+        // gradient reaching the logits is the library's softmax_backward of it.
+        parallel_for(rows, options.threads, [&](std::int64_t r) {
+          const std::size_t at = static_cast<std::size_t>(r) * n;
+          const std::span<const double> pr(p.data() + at, n), zr(z.data() + at, n);
+          std::vector<double> ds(n);
+          softmax_backward<double>(pr, std::span<const double>(dp.data() + at, n), ds);
           RowResult& out = res[static_cast<std::size_t>(r) * n_methods + mi];
           double g2 = 0;
           for (int j = 0; j < n; ++j) {
             // softcap: back through the cap, to the logits before it.
-            const double t = m == Scale::softcap ? 1.0 - (z[j] / kCap) * (z[j] / kCap) : 1.0;
+            const double t = m == Scale::softcap ? 1.0 - (zr[j] / kCap) * (zr[j] / kCap) : 1.0;
             g2 += ds[j] * t * ds[j] * t;
-            out.sum_z += z[j];
-            out.sum_z2 += z[j] * z[j];
+            out.sum_z += zr[j];
+            out.sum_z2 += zr[j] * zr[j];
           }
-          out.entropy = entropy(p);
-          out.max_prob = *std::max_element(p.begin(), p.end());
+          out.entropy = entropy(pr);
+          out.max_prob = *std::max_element(pr.begin(), pr.end());
           out.grad_norm = std::sqrt(g2);
-        }
-      });
+        });
+      }
       std::vector<double> g(rows);
       if (si == 0) {
         for (int r = 0; r < rows; ++r) {

@@ -2,16 +2,19 @@
 
 #include <cassert>
 #include <cmath>
+#include <span>
 
+#include "core/problem.h"
 #include "lab/common.h"
 #include "lab/random.h"
 #include "lab/stats.h"
+#include "reference/reference.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
 namespace {
 
-// q.k in float64 over float32 inputs. Eight partial sums: a fixed order (so the result is the
+// Norms of float32 rows in float64. Eight partial sums: a fixed order (so the result is the
 // same on every run) that the compiler can keep in vector registers.
 double dot(const float* a, const float* b, int n) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -63,30 +66,29 @@ ProbeResult probe(const ProbeInputs& in, double scale, int threads, bool keep_lo
   r.max_prob.resize(rows);
   r.jacobian_norm.resize(rows);
   r.grad_logits.resize(rows);
-  if (keep_logits) r.logits.resize(static_cast<std::size_t>(rows) * n);
   std::vector<double> sum_z(rows), sum_z2(rows);
-  const float* q = in.q.data_as<float>();
-  const float* k = in.k.data_as<float>();
   const float* v = in.v.data_as<float>();
-  const float* dout = in.dout.data_as<float>();
+  AttentionOptions opt;
+  opt.scale = scale;
+  opt.threads = threads;
 
-  // pass 1, per query row: the scores, the library's softmax and its vector-Jacobian product.
+  // pass 1: the float64 reference's logits scale * q.k, P and dS (the gradient reaching the
+  // logits from dO), all rows x n_keys; its dS-only backward skips dQ, dK and dV.
+  const std::size_t cells = static_cast<std::size_t>(rows) * n;
+  std::vector<double> logits(cells), probs(cells), dlogits(cells);
+  const detail::Problem problem = detail::resolve_problem(in.q, in.k, in.v, nullptr, opt);
+  detail::reference_backward(problem, in.dout.data(), nullptr, nullptr, nullptr,
+                             {logits.data(), probs.data(), dlogits.data()});
   parallel_for(rows, threads, [&](std::int64_t i) {
-    std::vector<double> s(n), p(n), dp(n), ds(n);
-    for (int j = 0; j < n; ++j) {
-      s[j] = dot(q + i * d, k + static_cast<std::int64_t>(j) * d, d);
-      dp[j] = dot(dout + i * d, v + static_cast<std::int64_t>(j) * d, d);
-    }
-    softmax<double>(s, p, scale);
-    softmax_backward<double>(p, dp, ds);  // gradient on the softmax input scale * s
+    const std::size_t at = static_cast<std::size_t>(i) * n;
+    const std::span<const double> p(probs.data() + at, n);
     double mx = 0, z1 = 0, z2 = 0, g = 0;
     for (int j = 0; j < n; ++j) {
       mx = std::max(mx, p[j]);
-      const double z = scale * s[j];
+      const double z = logits[at + j];
       z1 += z;
       z2 += z * z;
-      g += ds[j] * ds[j];
-      if (keep_logits) r.logits[static_cast<std::size_t>(i) * n + j] = z;
+      g += dlogits[at + j] * dlogits[at + j];
     }
     r.entropy[i] = entropy(p);
     r.max_prob[i] = mx;
@@ -95,6 +97,7 @@ ProbeResult probe(const ProbeInputs& in, double scale, int threads, bool keep_lo
     sum_z[i] = z1;
     sum_z2[i] = z2;
   });
+  if (keep_logits) r.logits = std::move(logits);
   double z1 = 0, z2 = 0;
   for (int i = 0; i < rows; ++i) {
     z1 += sum_z[i];
@@ -103,10 +106,7 @@ ProbeResult probe(const ProbeInputs& in, double scale, int threads, bool keep_lo
   const double count = static_cast<double>(rows) * n;
   r.logit_std = std::sqrt(std::max(0.0, (z2 - z1 * z1 / count) / (count - 1)));
 
-  // pass 2: the library's attention, forward and backward.
-  AttentionOptions opt;
-  opt.scale = scale;
-  opt.threads = threads;
+  // pass 2: the library's fused kernel, forward and backward: out, dQ and dK as a model gets them.
   Array out(DType::float32, {1, rows, d}), lse(DType::float32, {1, rows});
   Array dq(DType::float32, {1, rows, d}), dk(DType::float32, {1, n, d}),
       dv(DType::float32, {1, n, d});

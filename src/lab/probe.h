@@ -1,10 +1,10 @@
 // What the saturation and temperature experiments measure on one attention problem: random
 // Q, K, V and upstream gradient dO (standard normal, float32), one scale, through the library.
 //
-// The per-row softmax summaries come from the library's softmax on the float64 scores of each
-// query row; the gradient reaching the logits from the library's softmax_backward with
-// dP = dO V^T; dQ and dK from sdpa::attention_backward (Impl::fast) after
-// sdpa::attention_forward.
+// The logits, the probabilities P and the gradient reaching the logits dS = P (dP - D) come
+// from the float64 reference's optional matrices (its dS-only backward); the per-row summaries
+// (entropy, max, Jacobian norm) are statistics of those rows. dQ, dK and out come from
+// sdpa::attention_backward and sdpa::attention_forward (Impl::fast), as a model gets them.
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/problem.h"
 #include "lab/stats.h"
+#include "reference/reference.h"
 
 namespace sdpa::lab::train {
 
@@ -233,20 +235,17 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
   st.accuracy = double(correct) / double(B);
 
   if (attention_stats) {
-    // The attention weights of each query row, recomputed from the same q, k and scale.
-    ws.row.resize(P);
-    ws.row2.resize(P);
+    // The attention weights of each query row: the float64 reference's scores and P for the
+    // same q, k and scale (its P-only forward, which does not read v).
+    ws.scores.resize(B * P);
+    ws.probs.resize(B * P);
+    const detail::Problem problem = detail::resolve_problem(q_ref, k_ref, v_ref, nullptr, opt);
+    detail::reference_forward(problem, nullptr, nullptr, {ws.scores.data(), ws.probs.data()});
     double entropy = 0, max_logit = 0;
     for (std::size_t b = 0; b < B; ++b) {
-      for (std::size_t i = 0; i < P; ++i) {
-        double dot = 0;
-        for (std::size_t j = 0; j < d; ++j)
-          dot += double(qa[b * d + j]) * double(ka[(b * P + i) * d + j]);
-        ws.row[i] = static_cast<T>(scale * dot);
-        max_logit = std::max(max_logit, std::fabs(scale * dot));
-      }
-      softmax<T>(std::span<const T>(ws.row.data(), P), std::span<T>(ws.row2.data(), P));
-      entropy += lab::entropy(std::span<const T>(ws.row2.data(), P));
+      entropy += lab::entropy(std::span<const double>(&ws.probs[b * P], P));
+      for (std::size_t i = 0; i < P; ++i)
+        max_logit = std::max(max_logit, std::fabs(ws.scores[b * P + i]));
     }
     st.entropy = entropy / double(B);
     st.max_logit = max_logit;

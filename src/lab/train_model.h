@@ -80,11 +80,12 @@ struct Stats {
 template <class T>
 struct Workspace {
   std::vector<T> xq, xs, q, k, v, qn, kn, qnorm, knorm, o, lse, logits, dlogits, dout, dq, dk, dv,
-      dxq, dxs, wt, row, row2;
+      dxq, dxs, wt, row;
+  std::vector<double> scores, probs;  // the reference's float64 attention matrices (stats only)
 };
 
 /// Forward pass, and when `grad` is not null the gradients of the mean loss (overwritten).
-/// `attention_stats` adds entropy and max_logit (computed from q, k and sdpa::softmax).
+/// `attention_stats` adds entropy and max_logit (from the float64 reference's scores and P).
 template <class T>
 Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& batch, Params<T>* grad,
                        bool attention_stats, Workspace<T>& ws);
