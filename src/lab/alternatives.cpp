@@ -12,6 +12,8 @@
 // gradient reaching the logits (for softcap, the logits before the cap) from a random upstream
 // gradient on P, through the library's softmax_backward: its median norm and the
 // fraction of rows below a thousandth of the median of 1/sqrt(d) at sigma = 1 ("dead").
+// The logits and P are the float64 reference's (the library's attention); only softcap's cap is
+// computed here.
 #include <algorithm>
 #include <cmath>
 #include <span>
