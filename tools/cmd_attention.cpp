@@ -41,6 +41,23 @@ void check_gradient_flags(const AttentionArgs& a) {
 }
 
 void run(const AttentionArgs& a) {
+#ifdef SDPA_HAS_MPI
+  // Context parallel: every rank runs this; the outputs are written (atomically) by the ranks
+  // that hold them at the end, so no rank may leave temporaries behind if another one dies.
+  if (!a.context_parallel.strategy.empty()) {
+    check_gradient_flags(a);
+    AttentionOptions options;
+    options.scale = a.scale;
+    options.causal = parse_causal(a.causal);
+    options.enable_gqa = a.enable_gqa;
+    options.impl = parse_impl(a.impl);
+    options.threads = a.threads;
+    resolve_threads(options.threads);
+    return run_context_parallel_attention({a.query, a.key, a.value, a.mask, a.out, a.lse,
+                                           a.grad_output, a.grad_query, a.grad_key, a.grad_value},
+                                          options, a.context_parallel);
+  }
+#endif
   // Every output is validated, and its temporary created beside it, before any input is read:
   // an unwritable place fails in milliseconds, not after the computation.
   io::OutputCommit commit;
@@ -64,14 +81,6 @@ void run(const AttentionArgs& a) {
   options.impl = parse_impl(a.impl);
   options.threads = a.threads;
   resolve_threads(options.threads);  // reject bad counts before reading anything
-#ifdef SDPA_HAS_MPI
-  if (!a.context_parallel.strategy.empty()) {
-    return run_context_parallel_attention({a.query, a.key, a.value, a.mask, a.out, a.lse,
-                                           a.grad_output, a.grad_query, a.grad_key, a.grad_value},
-                                          options, a.context_parallel);
-  }
-#endif
-
   const Array q = read_npy(a.query);
   const Array k = read_npy(a.key);
   const Array v = read_npy(a.value);
