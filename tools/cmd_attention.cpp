@@ -40,22 +40,27 @@ void check_gradient_flags(const AttentionArgs& a) {
   }
 }
 
+// The options of the call; bad values are rejected here, before anything is read.
+AttentionOptions make_options(const AttentionArgs& a) {
+  AttentionOptions options;
+  options.scale = a.scale;
+  options.causal = parse_causal(a.causal);
+  options.enable_gqa = a.enable_gqa;
+  options.impl = parse_impl(a.impl);
+  options.threads = a.threads;
+  resolve_threads(options.threads);
+  return options;
+}
+
 void run(const AttentionArgs& a) {
 #ifdef SDPA_HAS_MPI
   // Context parallel: every rank runs this; the outputs are written (atomically) by the ranks
   // that hold them at the end, so no rank may leave temporaries behind if another one dies.
   if (!a.context_parallel.strategy.empty()) {
     check_gradient_flags(a);
-    AttentionOptions options;
-    options.scale = a.scale;
-    options.causal = parse_causal(a.causal);
-    options.enable_gqa = a.enable_gqa;
-    options.impl = parse_impl(a.impl);
-    options.threads = a.threads;
-    resolve_threads(options.threads);
     return run_context_parallel_attention({a.query, a.key, a.value, a.mask, a.out, a.lse,
                                            a.grad_output, a.grad_query, a.grad_key, a.grad_value},
-                                          options, a.context_parallel);
+                                          make_options(a), a.context_parallel);
   }
 #endif
   // Every output is validated, and its temporary created beside it, before any input is read:
@@ -74,13 +79,7 @@ void run(const AttentionArgs& a) {
   if (!a.grad_value.empty()) dv_file = commit.add_file("--grad-value", a.grad_value);
   check_gradient_flags(a);
 
-  AttentionOptions options;
-  options.scale = a.scale;
-  options.causal = parse_causal(a.causal);
-  options.enable_gqa = a.enable_gqa;
-  options.impl = parse_impl(a.impl);
-  options.threads = a.threads;
-  resolve_threads(options.threads);  // reject bad counts before reading anything
+  const AttentionOptions options = make_options(a);
   const Array q = read_npy(a.query);
   const Array k = read_npy(a.key);
   const Array v = read_npy(a.value);
