@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/layout.h"
-#include "kernels/dispatch.h"
 #include "hwy/highway.h"
+#include "kernels/dispatch.h"
 #include "sdpa/sdpa.h"
 
 namespace {
