@@ -3,7 +3,12 @@
 // Contract (asserted by tests/kernels/test_kernels.cpp on every compiled SIMD target):
 //   shapes and layout as in core/problem.h (flattened batch; every operand read and written
 //   through its own batch, head and row strides, in place: the packed copies below are the
-//   kernel's own, made whatever the layout, and no other copy is made); float32 inputs compute in
+//   kernel's own, made whatever the layout, and no other copy is made); float16 and bfloat16
+//   query, key, value and grad_out are widened exactly while packed and computed in float32 like
+//   float32 inputs holding the same values, P kept in float32 before P V (the products run in
+//   float32 anyway, so rounding P would only add error), out, dq, dk, dv rounded once to their
+//   operand's dtype (nearest even), lse float32 (tests/strided/test_half_packing.cpp: the bits
+//   of the float32 kernel on the widened values, rounded once); float32 inputs compute in
 //   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
