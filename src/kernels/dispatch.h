@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "core/problem.h"
+
 namespace sdpa::detail {
 
 /// Name of the Highway target ("AVX3_DL", "AVX2", "SCALAR", ...) that the next fast_forward or
@@ -18,5 +20,10 @@ void fast_exp_for_test(const float* x, float* y, std::size_t n);
 /// plan, k >= 1 forces k key chunks per (batch, kv head). Not thread-safe against running
 /// calls; tests only.
 void set_backward_chunks_for_test(int chunks);
+
+/// The fused forward on bfloat16 operands with vdpbf16ps (flash.cpp's ForwardBf16Native): reads
+/// p.query, p.key, p.value as C-order bfloat16 bits (uint16_t), writes out as bfloat16 and lse as
+/// float32 (may be null); p.dtype is not consulted. Only where bf16::native(); tests only.
+void fast_forward_bf16_for_test(const Problem& p, void* out, void* lse);
 
 }  // namespace sdpa::detail

@@ -86,6 +86,7 @@
 #include "core/problem.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
 
@@ -99,6 +100,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+namespace bf16 = sdpa::detail::bf16;
 using flash::ceil_div;
 using flash::kKeyTile;
 using flash::kPad;
@@ -348,6 +350,194 @@ void ForwardT(const Problem& p, T* out, T* lse) {
       if (mem == nullptr) continue;
       const int64_t bh = item / nqt;
       ForwardQueryTile(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt, out, lse);
+    }
+  }
+  if (err.failed) throw std::bad_alloc();
+}
+
+// ---- forward on bfloat16 inputs with vdpbf16ps -------------------------------------------------
+// The float32 forward's algorithm with both products on bfloat16 pairs (kernels/gemm_bf16.h),
+// run only where bf16::native() (elsewhere bfloat16 inputs are converted to float32 and take
+// ForwardT<float>). Arithmetic: each product of two bfloat16 is exact in float32 and accumulates
+// in float32; S = scale * (Q K^T) (the scale is applied to the float32 product, not rounded into
+// Q); the softmax (max, exp, sum, rescale) is float32 as in ForwardT; P is rounded to bfloat16
+// before P V, as FlashAttention-2 and PyTorch's CPU flash kernel round it to the input type,
+// while the row sum l is taken over the unrounded P (as they do): that halves the P V product's
+// cost, and the rounding (relative 2^-9 per probability, independent across keys) stays within
+// the error of the naive bfloat16 implementation, which stores P in bfloat16 too. out is
+// rounded to bfloat16 once, at the end; lse is float32. vdpbf16ps treats bfloat16 denormals
+// (below 2^-126) as zero, far below any score or value that moves a bfloat16 result.
+// Packed per call: K^T tiles as pairs along E ([B*Hkv][nkt][E2][kKeyTile], E2 = ceil(E / 2))
+// and V tiles as pairs of rows ([B*Hkv][nkt][kKeyTile / 2][ldv]); per query tile: Q as pairs.
+
+struct ForwardSharedBf16 {
+  const uint32_t* kt;       // [B*Hkv][nkt][E2][kKeyTile]
+  const uint32_t* vp;       // [B*Hkv][nkt][kKeyTile / 2][ldv]
+  const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
+  int64_t E2, ldv, nkt;
+};
+
+struct ForwardScratchBf16 {
+  uint32_t* q;  // [group][kQueryTile][E2]: the query tile of each head, as pairs
+  float* s;     // [kQueryTile][kKeyTile]: scores, then probabilities
+  uint32_t* p;  // [kQueryTile][kKeyTile / 2]: the probabilities rounded to bfloat16
+  float* vf;    // [kKeyTile][ldv]: a value tile in float32 (only for tiles holding inf or NaN)
+  float* acc;   // [group][kQueryTile][ldv]: unnormalised output
+  float* rmax;  // [group][kQueryTile]
+  float* rsum;  // [group][kQueryTile]
+
+  static size_t Carve(Carver& c, const Problem& p, int64_t E2, int64_t ldv,
+                      ForwardScratchBf16* out) {
+    const auto g = static_cast<size_t>(p.group);
+    ForwardScratchBf16 w;
+    w.q = c.take<uint32_t>(g * kQueryTile * static_cast<size_t>(E2));
+    w.s = c.take<float>(kQueryTile * kKeyTile);
+    w.p = c.take<uint32_t>(kQueryTile * kKeyTile / 2);
+    w.vf = c.take<float>(kKeyTile * static_cast<size_t>(ldv));
+    w.acc = c.take<float>(g * kQueryTile * static_cast<size_t>(ldv));
+    w.rmax = c.take<float>(g * kQueryTile);
+    w.rsum = c.take<float>(g * kQueryTile);
+    if (out != nullptr) *out = w;
+    return c.used();
+  }
+};
+
+/// True when every bfloat16 x[0..n) is finite (exponent bits not all ones).
+inline bool AllFiniteBf16(const uint16_t* x, int64_t n) {
+  uint16_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((x[i] & 0x7f80u) == 0x7f80u);
+  return any == 0;
+}
+
+// ForwardQueryTile on bfloat16 operands: the same passes, the same masking and online softmax.
+void ForwardQueryTileBf16(const Problem& p, const ForwardSharedBf16& sh,
+                          const ForwardScratchBf16& w, const uint16_t* value, int64_t b,
+                          int64_t hkv, int64_t i, uint16_t* out, float* lse) {
+  const int64_t G = p.group, E = p.E, E2 = sh.E2, Ev = p.Ev, ldv = sh.ldv, S = p.S;
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t bh = b * p.Hkv + hkv;
+  const int64_t last_key = std::min(S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const auto scale = static_cast<float>(p.scale);
+  const auto* query = static_cast<const uint16_t*>(p.query);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    bf16::pack_rows(query + ((b * p.Hq + h) * p.L + l0) * E, n(rows), n(E), n(E),
+                    w.q + g * kQueryTile * E2, n(E2));
+    std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<float>);
+    std::fill_n(w.rsum + g * kQueryTile, rows, 0.0f);
+    std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, 0.0f);
+  }
+
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0), kc2 = (kc + 1) / 2;
+    const bool masked = p.mask.present || kc < kKeyTile ||
+                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    const uint32_t* kt = sh.kt + (bh * sh.nkt + j) * E2 * kKeyTile;
+    const uint32_t* vp = sh.vp + (bh * sh.nkt + j) * (kKeyTile / 2) * ldv;
+    const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
+    if (v_unsafe) {  // the tile in float32, for the product that skips zero probabilities
+      for (int64_t c = 0; c < kc; ++c) {
+        const uint16_t* vr = value + (bh * S + s0 + c) * Ev;
+        for (int64_t e = 0; e < Ev; ++e) w.vf[c * ldv + e] = bf16::to_float(vr[e]);
+        std::fill(w.vf + c * ldv + Ev, w.vf + (c + 1) * ldv, 0.0f);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hkv * G + g;
+      float* acc = w.acc + g * kQueryTile * ldv;
+      float* rmax = w.rmax + g * kQueryTile;
+      float* rsum = w.rsum + g * kQueryTile;
+      // pass 1: S = scale * (Q K^T)
+      bf16::gemm(false, n(rows), n(kKeyTile), n(E2), scale, w.q + g * kQueryTile * E2, n(E2), kt,
+                 n(kKeyTile), w.s, n(kKeyTile));
+      // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
+      for (int64_t r = 0; r < rows; ++r) {
+        float* srow = w.s + r * kKeyTile;
+        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
+        const float alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
+        if (alpha != 1.0f) ScaleRow(acc + r * ldv, ldv, alpha);
+      }
+      // pass 3: acc += bf16(P) V
+      bf16::pack_rows_rounded(w.s, n(rows), n(kc), n(kKeyTile), w.p, n(kKeyTile / 2));
+      if (v_unsafe) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* srow = w.s + r * kKeyTile;
+          for (int64_t c = 0; c < kc; ++c) srow[c] = bf16::to_float(bf16::from_float(srow[c]));
+        }
+        GemmSkipZeros(rows, ldv, kc, w.s, kKeyTile, 1, w.vf, ldv, acc, ldv);
+      } else {
+        bf16::gemm(true, n(rows), n(ldv), n(kc2), 1.0f, w.p, n(kKeyTile / 2), vp, n(ldv), acc,
+                   n(ldv));
+      }
+    }
+  }
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t row0 = (b * p.Hq + hkv * G + g) * p.L + l0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* acc = w.acc + (g * kQueryTile + r) * ldv;
+      const float l = w.rsum[g * kQueryTile + r];
+      uint16_t* o = out + (row0 + r) * Ev;
+      if (l == 0.0f) {  // no visible key: out = 0, lse = -inf
+        std::fill_n(o, Ev, uint16_t{0});
+        if (lse != nullptr) lse[row0 + r] = kNegInf<float>;
+        continue;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = bf16::from_float(acc[e] * inv);
+      if (lse != nullptr) lse[row0 + r] = w.rmax[g * kQueryTile + r] + std::log(l);
+    }
+  }
+}
+
+void ForwardBf16Native(const Problem& p, void* out_v, void* lse_v) {
+  const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
+  const int64_t E2 = (E + 1) / 2, ldv = round_up(Ev, kPad<float>);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+  Carver measure;
+  measure.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  measure.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  measure.take<uint8_t>(n(BH * nkt));
+  Carver carve(call_shared().reserve(measure.used()));
+  auto* kt = carve.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  auto* vp = carve.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  auto* v_unsafe = carve.take<uint8_t>(n(BH * nkt));
+  const auto* key = static_cast<const uint16_t*>(p.key);
+  const auto* value = static_cast<const uint16_t*>(p.value);
+  auto* out = static_cast<uint16_t*>(out_v);
+  auto* lse = static_cast<float*>(lse_v);
+  const ForwardSharedBf16 sh{
+      .kt = kt, .vp = vp, .v_unsafe = v_unsafe, .E2 = E2, .ldv = ldv, .nkt = nkt};
+
+  Carver scratch_measure;
+  const size_t scratch_bytes = ForwardScratchBf16::Carve(scratch_measure, p, E2, ldv, nullptr);
+  RegionError err;
+#pragma omp parallel num_threads(p.threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
+      bf16::pack_transposed(key + (bh * S + s0) * E, n(kc), n(E), n(E), kt + t * E2 * kKeyTile,
+                            n(kKeyTile));
+      const uint16_t* vsrc = value + (bh * S + s0) * Ev;
+      bf16::pack_row_pairs(vsrc, n(kc), n(Ev), n(Ev), vp + t * (kKeyTile / 2) * ldv, n(ldv));
+      v_unsafe[t] = AllFiniteBf16(vsrc, kc * Ev) ? 0 : 1;
+    }
+    void* mem = err.reserve(scratch_bytes);
+    ForwardScratchBf16 w{};
+    if (mem != nullptr) {
+      Carver c(mem);
+      ForwardScratchBf16::Carve(c, p, E2, ldv, &w);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * nqt; ++item) {
+      if (mem == nullptr) continue;
+      const int64_t bh = item / nqt;
+      ForwardQueryTileBf16(p, sh, w, value, bh / p.Hkv, bh % p.Hkv, item % nqt, out, lse);
     }
   }
   if (err.failed) throw std::bad_alloc();
@@ -839,6 +1029,7 @@ namespace sdpa::detail {
 
 HWY_EXPORT(ForwardFloat);
 HWY_EXPORT(ForwardDouble);
+HWY_EXPORT(ForwardBf16Native);
 HWY_EXPORT(BackwardFloat);
 HWY_EXPORT(BackwardDouble);
 HWY_EXPORT(TargetNameOfKernel);
@@ -860,6 +1051,10 @@ void fast_backward(const Problem& p, const void* out, const void* lse, const voi
   } else {
     HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, out, lse, grad_out, dq, dk, dv);
   }
+}
+
+void fast_forward_bf16_for_test(const Problem& p, void* out, void* lse) {
+  HWY_DYNAMIC_DISPATCH(ForwardBf16Native)(p, out, lse);
 }
 
 const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKernel)(); }
