@@ -16,6 +16,7 @@
 
 #include "../common/test_util.h"
 #include "core/problem.h"
+#include "hwy/targets.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm_bf16.h"
 #include "sdpa/array.h"
@@ -115,6 +116,30 @@ TEST(ForwardBf16, MatchesReferenceOnOddShapes) {
       }
     }
   }
+}
+
+// The softmax and masking around the bfloat16 products run on the dispatched Highway target:
+// every compiled one (the scalar one included), on one GQA case with a mask and a short tile.
+TEST(ForwardBf16, EveryCompiledTarget) {
+  if (!bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  std::uint64_t seed = 100;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    Case c;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.L = 70;
+    c.S = 150;
+    c.E = 19;
+    c.Ev = 24;
+    c.options.causal = Causal::lower_right;
+    c.options.enable_gqa = true;
+    c.mask_kind = 2;
+    check_case(c, seed++);
+    if (HasFatalFailure()) break;
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace
