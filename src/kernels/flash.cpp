@@ -82,6 +82,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "core/problem.h"
 #include "kernels/dispatch.h"
@@ -573,6 +574,39 @@ HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, int
   return hn::GetLane(acc);
 }
 
+// bfloat16 inputs on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T, whose operands
+// are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no rounding beyond the
+// float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P or dS to
+// bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the scale
+// applied to the float32 product), so P = exp(S - lse) matches the forward's.
+struct BackwardPairs {
+  const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
+  const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
+  const uint32_t* dout;  // [B*Hq][L][Ev2]: grad_out rows (zero for rows that see no key)
+  const uint32_t* vt;    // [B*Hkv][nkt][Ev2][kKeyTile]: value tiles transposed
+  int64_t E2, Ev2;
+};
+
+// S = scale * (Q K^T) (dp false) or dP = dO V^T (dp true) of query rows row0 .. row0 + rows
+// against key tile `tile`, from the pairs, into c [rows][kKeyTile]; false (nothing done) when
+// there are no pairs (T = double never has them).
+template <typename T>
+bool ProductFromPairs(const Problem& p, const BackwardPairs* pairs, bool dp, int64_t rows,
+                      int64_t row0, int64_t tile, T* c) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pairs == nullptr) return false;
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    const int64_t K2 = dp ? pairs->Ev2 : pairs->E2;
+    const uint32_t* a = (dp ? pairs->dout : pairs->q) + row0 * K2;
+    const uint32_t* b = (dp ? pairs->vt : pairs->kt) + tile * K2 * kKeyTile;
+    bf16::gemm(false, n(rows), n(kKeyTile), n(K2), dp ? 1.0f : static_cast<float>(p.scale), a,
+               n(K2), b, n(kKeyTile), c, n(kKeyTile));
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 struct BackwardShared {
   const T* kt;    // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
@@ -588,6 +622,8 @@ struct BackwardShared {
   const T* inv_sum;
   const uint8_t* k_unsafe;  // [B*Hkv][nkt]: the key tile holds inf or NaN
   int64_t ldk, ldq, ldo, nkt, nqt;
+  // Set only for bfloat16 inputs on vdpbf16ps (float32 T): S and dP from bfloat16 pairs.
+  const BackwardPairs* pairs = nullptr;
 };
 
 template <typename T>
@@ -628,8 +664,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
   const bool masked = p.mask.present || kc < kKeyTile ||
                       (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
   const int64_t tile = bh * sh.nkt + j;
-  Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1, sh.kt + tile * p.E * kKeyTile,
-              kKeyTile, w.p, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
+    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                sh.kt + tile * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
     const T shift = sh.shift[row0 + r];
@@ -648,8 +686,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     const T inv = sh.inv_sum[row0 + r];
     if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
-  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout + row0 * sh.ldo, sh.ldo, 1,
-              sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
+    Gemm<false>(rows, kKeyTile, p.Ev, sh.dout + row0 * sh.ldo, sh.ldo, 1,
+                sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     SoftmaxGradRow(w.p + r * kKeyTile, w.ds + r * kKeyTile, kKeyTile, sh.D[row0 + r]);
   }
@@ -674,8 +714,10 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     const bool masked = p.mask.present || kc < kKeyTile ||
                         (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
-    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
+      Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                  sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       T* srow = w.p + r * kKeyTile;
       if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
@@ -841,6 +883,31 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
   return plan;
 }
 
+// Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
+template <typename T>
+bool BackwardTakesPairs(const Problem&) {
+  return std::is_same_v<T, float> && bf16::native() &&
+         flash::bf16_pairs_for_test.load(std::memory_order_relaxed);
+}
+
+// One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
+template <typename T>
+void PackPairRows(const T* tile, int64_t rows, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kKeyTile, dst,
+                                 kKeyTile);
+  }
+}
+
+// One input row of bfloat16 values as pairs along the row.
+template <typename T>
+void PackInputRowPairs(const T* row, int64_t width, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto w = static_cast<size_t>(width);
+    bf16::pack_rows_rounded(row, 1, w, w, dst, (w + 1) / 2);
+  }
+}
+
 template <typename T>
 void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
@@ -854,6 +921,13 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
   }
   const bool k_in_place = ldq == E, dout_in_place = ldo == Ev && !dout_dirty;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  const bool use_pairs = BackwardTakesPairs<T>(p);
+  const int64_t E2 = (E + 1) / 2, Ev2 = (Ev + 1) / 2;
+  const size_t q2_size = use_pairs ? n(BHq * L * E2) : 0,
+               kt2_size = use_pairs ? n(BH * nkt * E2 * kKeyTile) : 0;
+  const size_t do2_size = use_pairs ? n(BHq * L * Ev2) : 0,
+               vt2_size = use_pairs ? n(BH * nkt * Ev2 * kKeyTile) : 0;
 
   const BackwardPlan plan =
       PlanBackward(BH, nkt, static_cast<int64_t>(n(BHq * L * ldq) * sizeof(T)));
@@ -869,6 +943,7 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
   measure.take<T>(n(3 * BHq * L));
   measure.take<uint8_t>(n(BH * nkt));
   measure.take<uint8_t>(n(BHq * nqt));
+  for (size_t size : {q2_size, kt2_size, do2_size, vt2_size}) measure.take<uint32_t>(size);
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
   T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
@@ -881,6 +956,11 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
   T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
   uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
+  uint32_t* q2 = carve.take<uint32_t>(q2_size);
+  uint32_t* kt2 = carve.take<uint32_t>(kt2_size);
+  uint32_t* do2 = carve.take<uint32_t>(do2_size);
+  uint32_t* vt2 = carve.take<uint32_t>(vt2_size);
+  const BackwardPairs pairs{.q = q2, .kt = kt2, .dout = do2, .vt = vt2, .E2 = E2, .Ev2 = Ev2};
   const T* key = static_cast<const T*>(p.key);
   const T* value = static_cast<const T*>(p.value);
   const T* query = static_cast<const T*>(p.query);
@@ -897,7 +977,8 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
                              .ldq = ldq,
                              .ldo = ldo,
                              .nkt = nkt,
-                             .nqt = nqt};
+                             .nqt = nqt,
+                             .pairs = use_pairs ? &pairs : nullptr};
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(
@@ -914,6 +995,10 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
       const T* ksrc = key + (bh * S + s0) * E;
       if (!k_in_place) CopyRowsPadded(ksrc, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
       k_unsafe[t] = AllFinite(ksrc, kc * E) ? 0 : 1;
+      if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
+        PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
+        PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
+      }
     }
     // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
 #pragma omp for schedule(static)
@@ -925,6 +1010,10 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
         if (lse[row] == kNegInf<T>) {
           std::fill_n(qs + row * ldq, ldq, T(0));
           if (!dout_in_place) std::fill_n(dop + row * ldo, ldo, T(0));
+          if (use_pairs) {
+            std::fill_n(q2 + row * E2, E2, 0u);
+            std::fill_n(do2 + row * Ev2, Ev2, 0u);
+          }
           D[row] = T(0);
           shift[row] = kNegInf<T>;
           continue;
@@ -932,6 +1021,10 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
         CopyRowsPadded(query + row * E, 1, E, scale, ldq, qs + row * ldq);
         if (!dout_in_place) CopyRowsPadded(dout + row * Ev, 1, Ev, T(1), ldo, dop + row * ldo);
         D[row] = SequentialDot(dout + row * Ev, out + row * Ev, Ev);
+        if (use_pairs) {
+          PackInputRowPairs(query + row * E, E, q2 + row * E2);
+          PackInputRowPairs(dout + row * Ev, Ev, do2 + row * Ev2);
+        }
         shift[row] = lse[row];
         any = any || !LseNormalises(lse[row]);
       }
@@ -1060,6 +1153,8 @@ void fast_forward_bf16_for_test(const Problem& p, void* out, void* lse) {
 const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKernel)(); }
 
 void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test = chunks; }
+
+void set_bf16_pairs_for_test(bool on) { flash::bf16_pairs_for_test = on; }
 
 void fast_exp_for_test(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);

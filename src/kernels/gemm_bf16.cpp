@@ -285,6 +285,23 @@ void pack_row_pairs(const std::uint16_t* src, std::size_t K, std::size_t N, std:
   }
 }
 
+void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                            std::uint32_t* dst, std::size_t ldb) {
+  for (std::size_t k = 0; k < K; k += 2) {
+    const float* even = src + k * ld_src;
+    std::uint32_t* d = dst + (k / 2) * ldb;
+    if (k + 1 < K) {
+      for (std::size_t n = 0; n < N; ++n) {
+        d[n] = std::uint32_t{from_float(even[n])} | std::uint32_t{from_float(even[ld_src + n])}
+                                                        << 16;
+      }
+    } else {
+      for (std::size_t n = 0; n < N; ++n) d[n] = from_float(even[n]);
+    }
+    std::fill(d + N, d + ldb, 0u);
+  }
+}
+
 void pack_transposed(const std::uint16_t* src, std::size_t N, std::size_t K, std::size_t ld_src,
                      std::uint32_t* dst, std::size_t ldb) {
   const std::size_t K2 = (K + 1) / 2;

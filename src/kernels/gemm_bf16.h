@@ -89,6 +89,11 @@ void pack_rows_rounded(const float* src, std::size_t M, std::size_t K, std::size
 void pack_row_pairs(const std::uint16_t* src, std::size_t K, std::size_t N, std::size_t ld_src,
                     std::uint32_t* dst, std::size_t ldb);
 
+/// pack_row_pairs from float32 rows, each element rounded as pack_rows_rounded rounds it (exact
+/// for float32 copies of bfloat16 values).
+void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                            std::uint32_t* dst, std::size_t ldb);
+
 /// B = T^T from the bfloat16 rows of T (N x K, row-major; the key rows for S = Q K^T):
 /// dst[k2][n] = (src[n][2 k2], src[n][2 k2 + 1]) for n < N, zero for N <= n < ldb.
 void pack_transposed(const std::uint16_t* src, std::size_t N, std::size_t K, std::size_t ld_src,
