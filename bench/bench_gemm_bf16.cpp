@@ -93,16 +93,19 @@ void BM_Forward(benchmark::State& state) {
   o.impl = sdpa::Impl::fast;
   o.threads = 2;
   sdpa::detail::Problem p = sdpa::detail::resolve_problem(q.ref(), k.ref(), v.ref(), nullptr, o);
-  if (half) {
-    p.query = qh.data();
-    p.key = kh.data();
-    p.value = vh.data();
+  const sdpa::MutableTensorRef lse_ref = lse.mut();
+  sdpa::detail::bind_forward(p, out.mut(), &lse_ref);
+  if (half) {  // the same shapes and strides over bfloat16 data
+    p.q.data = qh.data();
+    p.k.data = kh.data();
+    p.v.data = vh.data();
+    p.out.data = oh.data();
   }
   for (auto _ : state) {
     if (half) {
-      sdpa::detail::fast_forward_bf16_for_test(p, oh.data(), lse.data_as<float>());
+      sdpa::detail::fast_forward_bf16_for_test(p);
     } else {
-      sdpa::detail::fast_forward(p, out.data_as<float>(), lse.data_as<float>());
+      sdpa::detail::fast_forward(p);
     }
     benchmark::ClobberMemory();
   }

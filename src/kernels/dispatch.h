@@ -21,13 +21,14 @@ void fast_exp_for_test(const float* x, float* y, std::size_t n);
 /// calls; tests only.
 void set_backward_chunks_for_test(int chunks);
 
-/// The fused forward on bfloat16 operands with vdpbf16ps (flash.cpp's ForwardBf16Native): reads
-/// p.query, p.key, p.value as C-order bfloat16 bits (uint16_t), writes out as bfloat16 and lse as
-/// float32 (may be null); p.dtype is not consulted. Only where bf16::native(); tests only.
 /// true: a float32 fast_backward takes S and dP from bfloat16 pairs on vdpbf16ps (exact only
 /// when q, k, v and grad_out hold bfloat16 values; tests only). false restores the default.
 void set_bf16_pairs_for_test(bool on);
 
-void fast_forward_bf16_for_test(const Problem& p, void* out, void* lse);
+/// The fused forward on bfloat16 operands with vdpbf16ps (flash.cpp's ForwardBf16Native): reads
+/// p.q, p.k, p.v as bfloat16 bits (uint16_t) through their views, writes p.out as bfloat16 and
+/// p.lse (if any) as float32; the views' dtypes are not consulted. Only where bf16::native();
+/// tests only.
+void fast_forward_bf16_for_test(const Problem& p);
 
 }  // namespace sdpa::detail

@@ -9,6 +9,7 @@
 // Skipped on CPUs without AVX512_BF16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -65,12 +66,19 @@ void check_case(const Case& c, std::uint64_t seed) {
   const sdpa::detail::Problem p0 =
       sdpa::detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask_ref(), o);
   sdpa::detail::Problem p = p0;
-  p.query = qh.data();
-  p.key = kh.data();
-  p.value = vh.data();
+  // Shapes and strides from float32 stand-ins; the data pointers then point at the bfloat16
+  // arrays of the same shapes (C order: the strides, in elements, are the same).
+  Array out_f(DType::float32, ref.out.shape()), lse_f(DType::float32, ref.lse.shape());
+  const sdpa::MutableTensorRef lse_ref = lse_f.mut();
+  sdpa::detail::bind_forward(p, out_f.mut(), &lse_ref);
   std::vector<std::uint16_t> out(static_cast<std::size_t>(ref.out.numel()), 0xffff);
-  std::vector<float> lse(static_cast<std::size_t>(ref.lse.numel()), 12345.f);
-  sdpa::detail::fast_forward_bf16_for_test(p, out.data(), lse.data());
+  p.q.data = qh.data();
+  p.k.data = kh.data();
+  p.v.data = vh.data();
+  p.out.data = out.data();
+  std::fill_n(lse_f.data_as<float>(), lse_f.numel(), 12345.f);
+  sdpa::detail::fast_forward_bf16_for_test(p);
+  const float* lse = lse_f.data_as<float>();
 
   const double vmax = sdpa::test::max_abs(in.v);
   for (std::int64_t i = 0; i < ref.out.numel(); ++i) {
