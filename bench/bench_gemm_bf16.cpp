@@ -122,7 +122,8 @@ BENCHMARK(BM_Forward)
     ->UseRealTime();
 
 // The fused backward at (1, H, N, E), 2 threads, on float32 inputs holding bfloat16 values:
-// the float32 products, or S and dP from bfloat16 pairs (set_bf16_pairs_for_test).
+// the float32 products (pairs forbidden by set_bf16_pairs_allowed_for_test), or S and dP from
+// bfloat16 pairs (the kernel's own choice for such inputs).
 // Arguments: {pairs (0, 1), H, N, E}. GFLOP/s with the standard count 2.5 x 4 H N^2 E.
 void BM_Backward(benchmark::State& state) {
   const bool pairs = state.range(0) == 1;
@@ -147,12 +148,12 @@ void BM_Backward(benchmark::State& state) {
   o.threads = 2;
   const sdpa::MutableTensorRef l = lse.mut();
   sdpa::attention_forward(q, k, v, nullptr, o, out.mut(), &l);
-  sdpa::detail::set_bf16_pairs_for_test(pairs);
+  sdpa::detail::set_bf16_pairs_allowed_for_test(pairs);
   for (auto _ : state) {
     sdpa::attention_backward(q, k, v, nullptr, out, lse, dout, o, dq.mut(), dk.mut(), dv.mut());
     benchmark::ClobberMemory();
   }
-  sdpa::detail::set_bf16_pairs_for_test(false);
+  sdpa::detail::set_bf16_pairs_allowed_for_test(true);
   state.SetLabel(pairs ? "S, dP on bf16 pairs" : "float32");
   state.counters["GFLOP/s"] = benchmark::Counter(
       10.0 * double(H) * double(N) * double(N) * double(E),

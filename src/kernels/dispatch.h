@@ -21,9 +21,10 @@ void fast_exp_for_test(const float* x, float* y, std::size_t n);
 /// calls; tests only.
 void set_backward_chunks_for_test(int chunks);
 
-/// true: a float32 fast_backward takes S and dP from bfloat16 pairs on vdpbf16ps (exact only
-/// when q, k, v and grad_out hold bfloat16 values; tests only). false restores the default.
-void set_bf16_pairs_for_test(bool on);
+/// A float32 fast_backward whose q, k, v and grad_out all hold bfloat16 values takes S and dP
+/// from bfloat16 pairs on vdpbf16ps where the CPU has it (exact: the same products). false
+/// keeps it on the float32 products, true (the default) restores that choice. Tests only.
+void set_bf16_pairs_allowed_for_test(bool allowed);
 
 /// The fused forward on bfloat16 operands with vdpbf16ps (flash.cpp's ForwardBf16Native): reads
 /// p.q, p.k, p.v as bfloat16 bits (uint16_t) through their views, writes p.out as bfloat16 and

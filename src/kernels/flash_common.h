@@ -28,9 +28,9 @@ inline constexpr std::int64_t kKeyTile = SDPA_KEY_TILE;      // Bc: keys per til
 /// chunks per (batch, kv head) (at most one per key tile).
 inline std::atomic<int> backward_chunks_for_test{-1};
 
-/// Tests pin with set_bf16_pairs_for_test (dispatch.h): true makes a float32 backward whose
-/// inputs hold bfloat16 values take S and dP from bfloat16 pairs where the CPU has vdpbf16ps.
-inline std::atomic<bool> bf16_pairs_for_test{false};
+/// set_bf16_pairs_allowed_for_test (dispatch.h): false keeps the float32 backward off the
+/// bfloat16 pairs even for inputs that hold bfloat16 values (the tests' float32 baseline).
+inline std::atomic<bool> bf16_pairs_allowed_for_test{true};
 
 /// Rows are padded to 64 bytes so that every SIMD target's vectors (at most 64 bytes) tile them.
 template <class T>

@@ -1,8 +1,9 @@
 // The fused backward taking S = scale * (Q K^T) and dP = dO V^T from bfloat16 pairs on
-// vdpbf16ps (flash.cpp's BackwardPairs), on float32 inputs that hold bfloat16 values (what a
-// bfloat16 call hands the kernel after conversion), against the float64 reference on the same
-// values. Both products' operands are exact in bfloat16, so the path must be as accurate as the
-// float32 one: asserted, for dq, dk and dv on odd shapes, GQA, both causal alignments, masks,
+// vdpbf16ps (flash.cpp's BackwardPairs), which it does by itself for float32 inputs that all
+// hold bfloat16 values (what a bfloat16 call hands the kernel after conversion), against the
+// float64 reference on the same values and against the float32 products (pairs forbidden by
+// the test hook). Both products' operands are exact in bfloat16, so the path must be as accurate as
+// the float32 one: asserted, for dq, dk and dv on odd shapes, GQA, both causal alignments, masks,
 // rows that see no key and every backward plan,
 //   err(pairs) <= 2 err(float32 path) + (4 + min(max|lse|, 64)) eps max|ref|
 // (the floor of tests/kernels/: lse is rounded to float32); and the results are bit-identical
@@ -46,9 +47,9 @@ bool same_bits(const Array& a, const Array& b) {
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * 4) == 0;
 }
 
-struct Pairs {  // the test hook, restored on every exit
-  explicit Pairs(bool on) { sdpa::detail::set_bf16_pairs_for_test(on); }
-  ~Pairs() { sdpa::detail::set_bf16_pairs_for_test(false); }
+struct NoPairs {  // the test hook, restored on every exit
+  NoPairs() { sdpa::detail::set_bf16_pairs_allowed_for_test(false); }
+  ~NoPairs() { sdpa::detail::set_bf16_pairs_allowed_for_test(true); }
 };
 
 void check_case(Case c, std::uint64_t seed) {
@@ -63,17 +64,18 @@ void check_case(Case c, std::uint64_t seed) {
   in64.has_mask = in.has_mask;
   if (in.has_mask) in64.mask = in.mask.astype(in.mask.dtype());
   const sdpa::test::Outputs ref = sdpa::test::run(in64, c.options, Impl::reference);
-  const sdpa::test::Outputs f32 = sdpa::test::run(in, c.options, Impl::fast);
-  sdpa::test::Outputs bf;
+  sdpa::test::Outputs f32;
   {
-    Pairs on(true);
-    bf = sdpa::test::run(in, c.options, Impl::fast);
-    c.options.threads = c.options.threads == 1 ? 3 : 1;
-    const sdpa::test::Outputs other = sdpa::test::run(in, c.options, Impl::fast);
-    EXPECT_TRUE(same_bits(bf.dq, other.dq) && same_bits(bf.dk, other.dk) &&
-                same_bits(bf.dv, other.dv))
-        << "results depend on the thread count";
+    NoPairs off;
+    f32 = sdpa::test::run(in, c.options, Impl::fast);
   }
+  // The inputs hold bfloat16 values: the backward finds it and takes the pairs.
+  const sdpa::test::Outputs bf = sdpa::test::run(in, c.options, Impl::fast);
+  c.options.threads = c.options.threads == 1 ? 3 : 1;
+  const sdpa::test::Outputs other = sdpa::test::run(in, c.options, Impl::fast);
+  EXPECT_TRUE(same_bits(bf.dq, other.dq) && same_bits(bf.dk, other.dk) &&
+              same_bits(bf.dv, other.dv))
+      << "results depend on the thread count";
   const double max_lse = max_abs(ref.lse);
   const double eps = FLT_EPSILON;
   bool differs = false;
@@ -117,6 +119,28 @@ TEST(BackwardBf16Pairs, AsAccurateAsTheFloat32Path) {
     }
   }
   sdpa::detail::set_backward_chunks_for_test(-1);
+}
+
+// Inputs that are not all bfloat16 values (here one element of grad_out) keep the float32
+// products: the results are bit-identical to the backward with the pairs forbidden.
+TEST(BackwardBf16Pairs, OtherFloat32InputsKeepTheFloat32Products) {
+  Case c;
+  c.Hq = 2;
+  c.Hkv = 2;
+  c.L = 100;
+  c.S = 130;
+  c.E = 32;
+  c.Ev = 32;
+  sdpa::test::Inputs in = sdpa::test::make_inputs(c, DType::float32, 9);
+  for (Array* a : {&in.q, &in.k, &in.v, &in.dout}) round_to_bf16(*a);
+  in.dout.data_as<float>()[77] += 0x1p-20f;
+  sdpa::test::Outputs off;
+  {
+    NoPairs no;
+    off = sdpa::test::run(in, c.options, Impl::fast);
+  }
+  const sdpa::test::Outputs on = sdpa::test::run(in, c.options, Impl::fast);
+  EXPECT_TRUE(same_bits(on.dq, off.dq) && same_bits(on.dk, off.dk) && same_bits(on.dv, off.dv));
 }
 
 }  // namespace
