@@ -42,6 +42,10 @@ const char* dtype_name(DType dtype) {
       return "float64";
     case DType::boolean:
       return "bool";
+    case DType::float16:
+      return "float16";
+    case DType::bfloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -54,6 +58,9 @@ std::size_t dtype_size(DType dtype) {
       return 8;
     case DType::boolean:
       return 1;
+    case DType::float16:
+    case DType::bfloat16:
+      return 2;
   }
   return 1;
 }

@@ -50,6 +50,9 @@ struct MaskView {
         return static_cast<const float*>(data)[i];
       case DType::float64:
         return static_cast<const double*>(data)[i];
+      case DType::float16:  // refused for masks by resolve_problem
+      case DType::bfloat16:
+        break;
     }
     return 0.0;
   }
