@@ -100,13 +100,11 @@ void BM_Forward(benchmark::State& state) {
     p.k.data = kh.data();
     p.v.data = vh.data();
     p.out.data = oh.data();
+    p.q.dtype = p.k.dtype = p.v.dtype = p.out.dtype = sdpa::DType::bfloat16;
+    p.dtype = sdpa::DType::bfloat16;
   }
   for (auto _ : state) {
-    if (half) {
-      sdpa::detail::fast_forward_bf16_for_test(p);
-    } else {
-      sdpa::detail::fast_forward(p);
-    }
+    sdpa::detail::fast_forward(p);
     benchmark::ClobberMemory();
   }
   state.SetLabel(half ? "bfloat16 (vdpbf16ps)" : "float32");
@@ -121,10 +119,9 @@ BENCHMARK(BM_Forward)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The fused backward at (1, H, N, E), 2 threads, on float32 inputs holding bfloat16 values:
-// the float32 products (pairs forbidden by set_bf16_pairs_allowed_for_test), or S and dP from
-// bfloat16 pairs (the kernel's own choice for such inputs).
-// Arguments: {pairs (0, 1), H, N, E}. GFLOP/s with the standard count 2.5 x 4 H N^2 E.
+// The fused backward at (1, H, N, E), 2 threads, on float32 copies of bfloat16 inputs, as a
+// converting caller runs it: source_dtype float32 (the float32 products) or bfloat16 (S and dP
+// on bfloat16 pairs). Arguments: {pairs (0, 1), H, N, E}. GFLOP/s: 2.5 x 4 H N^2 E.
 void BM_Backward(benchmark::State& state) {
   const bool pairs = state.range(0) == 1;
   const std::int64_t H = state.range(1), N = state.range(2), E = state.range(3);
@@ -148,12 +145,13 @@ void BM_Backward(benchmark::State& state) {
   o.threads = 2;
   const sdpa::MutableTensorRef l = lse.mut();
   sdpa::attention_forward(q, k, v, nullptr, o, out.mut(), &l);
-  sdpa::detail::set_bf16_pairs_allowed_for_test(pairs);
+  sdpa::detail::Problem p = sdpa::detail::resolve_problem(q.ref(), k.ref(), v.ref(), nullptr, o);
+  sdpa::detail::bind_backward(p, out.ref(), lse.ref(), dout.ref(), dq.mut(), dk.mut(), dv.mut());
+  p.source_dtype = pairs ? sdpa::DType::bfloat16 : sdpa::DType::float32;
   for (auto _ : state) {
-    sdpa::attention_backward(q, k, v, nullptr, out, lse, dout, o, dq.mut(), dk.mut(), dv.mut());
+    sdpa::detail::fast_backward(p);
     benchmark::ClobberMemory();
   }
-  sdpa::detail::set_bf16_pairs_allowed_for_test(true);
   state.SetLabel(pairs ? "S, dP on bf16 pairs" : "float32");
   state.counters["GFLOP/s"] = benchmark::Counter(
       10.0 * double(H) * double(N) * double(N) * double(E),

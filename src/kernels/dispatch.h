@@ -3,8 +3,6 @@
 
 #include <cstddef>
 
-#include "core/problem.h"
-
 namespace sdpa::detail {
 
 /// Name of the Highway target ("AVX3_DL", "AVX2", "SCALAR", ...) that the next fast_forward or
@@ -20,16 +18,5 @@ void fast_exp_for_test(const float* x, float* y, std::size_t n);
 /// plan, k >= 1 forces k key chunks per (batch, kv head). Not thread-safe against running
 /// calls; tests only.
 void set_backward_chunks_for_test(int chunks);
-
-/// A float32 fast_backward whose q, k, v and grad_out all hold bfloat16 values takes S and dP
-/// from bfloat16 pairs on vdpbf16ps where the CPU has it (exact: the same products). false
-/// keeps it on the float32 products, true (the default) restores that choice. Tests only.
-void set_bf16_pairs_allowed_for_test(bool allowed);
-
-/// The fused forward on bfloat16 operands with vdpbf16ps (flash.cpp's ForwardBf16Native): reads
-/// p.q, p.k, p.v as bfloat16 bits (uint16_t) through their views, writes p.out as bfloat16 and
-/// p.lse (if any) as float32; the views' dtypes are not consulted. Only where bf16::native();
-/// tests only.
-void fast_forward_bf16_for_test(const Problem& p);
 
 }  // namespace sdpa::detail

@@ -79,7 +79,6 @@
 // (= 16 x 6, no remainder) measured no better. Bc = 128 coarsens the causal skip to 128 keys
 // (< 2% extra work at N = 4096).
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -946,25 +945,10 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
 // Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
 template <typename T>
 bool BackwardTakesPairs(const Problem& p) {
-  if (!std::is_same_v<T, float> || p.dtype != DType::float32 || !bf16::native() ||
-      !flash::bf16_pairs_allowed_for_test.load(std::memory_order_relaxed)) {
-    return false;
-  }
-  // True when every element of the (B, H, rows, width) view is a bfloat16 value (its low 16
-  // bits zero): the bfloat16 inputs a converting caller hands over, or float32 inputs that
-  // happen to be. One pass over the inputs, stopped at the first other value.
-  const auto holds_bf16 = [&](const InputView& v, int64_t H, int64_t rows, int64_t width) {
-    uint32_t low = 0;
-    for_each_run<float>(v, p.B, H, rows, width, [&](const float* x, int64_t count) {
-      for (int64_t i = 0; i < count && low == 0; i += 1024) {
-        const int64_t end = std::min(count, i + 1024);
-        for (int64_t k = i; k < end; ++k) low |= std::bit_cast<uint32_t>(x[k]) & 0xffffu;
-      }
-    });
-    return low == 0;
-  };
-  return holds_bf16(p.q, p.Hq, p.L, p.E) && holds_bf16(p.k, p.Hkv, p.S, p.E) &&
-         holds_bf16(p.v, p.Hkv, p.S, p.Ev) && holds_bf16(p.dout, p.Hq, p.L, p.Ev);
+  // Chosen from the caller's dtype, never from the values: a float32 caller keeps float32
+  // arithmetic (vdpbf16ps would flush its denormals).
+  return std::is_same_v<T, float> && p.dtype == DType::float32 &&
+         p.source_dtype == DType::bfloat16 && bf16::native();
 }
 
 // One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
@@ -1203,7 +1187,16 @@ HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
+bool fast_forward_reads_bfloat16(const Problem& p) {
+  return p.q.dtype == DType::bfloat16 && p.k.dtype == DType::bfloat16 &&
+         p.v.dtype == DType::bfloat16 && bf16::native();
+}
+
 void fast_forward(const Problem& p) {
+  if (fast_forward_reads_bfloat16(p)) {
+    HWY_DYNAMIC_DISPATCH(ForwardBf16Native)(p);
+    return;
+  }
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p);
   } else {
@@ -1219,13 +1212,9 @@ void fast_backward(const Problem& p) {
   }
 }
 
-void fast_forward_bf16_for_test(const Problem& p) { HWY_DYNAMIC_DISPATCH(ForwardBf16Native)(p); }
-
 const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKernel)(); }
 
 void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test = chunks; }
-
-void set_bf16_pairs_allowed_for_test(bool allowed) { flash::bf16_pairs_allowed_for_test = allowed; }
 
 void fast_exp_for_test(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);

@@ -28,10 +28,6 @@ inline constexpr std::int64_t kKeyTile = SDPA_KEY_TILE;      // Bc: keys per til
 /// chunks per (batch, kv head) (at most one per key tile).
 inline std::atomic<int> backward_chunks_for_test{-1};
 
-/// set_bf16_pairs_allowed_for_test (dispatch.h): false keeps the float32 backward off the
-/// bfloat16 pairs even for inputs that hold bfloat16 values (the tests' float32 baseline).
-inline std::atomic<bool> bf16_pairs_allowed_for_test{true};
-
 /// Rows are padded to 64 bytes so that every SIMD target's vectors (at most 64 bytes) tile them.
 template <class T>
 inline constexpr std::int64_t kPad = 64 / sizeof(T);

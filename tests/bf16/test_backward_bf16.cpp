@@ -1,10 +1,10 @@
 // The fused backward taking S = scale * (Q K^T) and dP = dO V^T from bfloat16 pairs on
-// vdpbf16ps (flash.cpp's BackwardPairs), which it does by itself for float32 inputs that all
-// hold bfloat16 values (what a bfloat16 call hands the kernel after conversion), against the
-// float64 reference on the same values and against the float32 products (pairs forbidden by
-// the test hook). Both products' operands are exact in bfloat16, so the path must be as accurate as
-// the float32 one: asserted, for dq, dk and dv on odd shapes, GQA, both causal alignments, masks,
-// rows that see no key and every backward plan,
+// vdpbf16ps (flash.cpp's BackwardPairs), which it does for float32 copies of bfloat16 inputs
+// (Problem::source_dtype = bfloat16, as a converting caller sets it), against the float64
+// reference on the same values and against the float32 products (source_dtype float32). Both
+// products' operands are exact in bfloat16, so the path must be as accurate as the float32 one:
+// asserted, for dq, dk and dv on odd shapes, GQA, both causal alignments, masks, rows that see no
+// key and every backward plan,
 //   err(pairs) <= 2 err(float32 path) + (4 + min(max|lse|, 64)) eps max|ref|
 // (the floor of tests/kernels/: lse is rounded to float32); and the results are bit-identical
 // for 1 and 3 threads. Skipped on CPUs without AVX512_BF16.
@@ -20,8 +20,10 @@
 #include <vector>
 
 #include "../common/test_util.h"
+#include "core/problem.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/kernels.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -47,10 +49,23 @@ bool same_bits(const Array& a, const Array& b) {
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * 4) == 0;
 }
 
-struct NoPairs {  // the test hook, restored on every exit
-  NoPairs() { sdpa::detail::set_bf16_pairs_allowed_for_test(false); }
-  ~NoPairs() { sdpa::detail::set_bf16_pairs_allowed_for_test(true); }
-};
+// The fused backward on a problem resolved from the float32 arrays, as a converting caller runs
+// it: source_dtype names the dtype the inputs came from.
+sdpa::test::Outputs backward(const sdpa::test::Inputs& in, const sdpa::test::Outputs& fwd,
+                             sdpa::AttentionOptions o, DType source) {
+  o.impl = Impl::fast;
+  sdpa::detail::Problem p =
+      sdpa::detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask_ref(), o);
+  sdpa::test::Outputs r;
+  r.dq = Array(DType::float32, in.q.shape());
+  r.dk = Array(DType::float32, in.k.shape());
+  r.dv = Array(DType::float32, in.v.shape());
+  sdpa::detail::bind_backward(p, fwd.out.ref(), fwd.lse.ref(), in.dout.ref(), r.dq.mut(),
+                              r.dk.mut(), r.dv.mut());
+  p.source_dtype = source;
+  sdpa::detail::fast_backward(p);
+  return r;
+}
 
 void check_case(Case c, std::uint64_t seed) {
   SCOPED_TRACE(c.name());
@@ -64,15 +79,11 @@ void check_case(Case c, std::uint64_t seed) {
   in64.has_mask = in.has_mask;
   if (in.has_mask) in64.mask = in.mask.astype(in.mask.dtype());
   const sdpa::test::Outputs ref = sdpa::test::run(in64, c.options, Impl::reference);
-  sdpa::test::Outputs f32;
-  {
-    NoPairs off;
-    f32 = sdpa::test::run(in, c.options, Impl::fast);
-  }
-  // The inputs hold bfloat16 values: the backward finds it and takes the pairs.
-  const sdpa::test::Outputs bf = sdpa::test::run(in, c.options, Impl::fast);
+  const sdpa::test::Outputs fwd = sdpa::test::run(in, c.options, Impl::fast, false);
+  const sdpa::test::Outputs f32 = backward(in, fwd, c.options, DType::float32);
+  const sdpa::test::Outputs bf = backward(in, fwd, c.options, DType::bfloat16);
   c.options.threads = c.options.threads == 1 ? 3 : 1;
-  const sdpa::test::Outputs other = sdpa::test::run(in, c.options, Impl::fast);
+  const sdpa::test::Outputs other = backward(in, fwd, c.options, DType::bfloat16);
   EXPECT_TRUE(same_bits(bf.dq, other.dq) && same_bits(bf.dk, other.dk) &&
               same_bits(bf.dv, other.dv))
       << "results depend on the thread count";
@@ -119,28 +130,6 @@ TEST(BackwardBf16Pairs, AsAccurateAsTheFloat32Path) {
     }
   }
   sdpa::detail::set_backward_chunks_for_test(-1);
-}
-
-// Inputs that are not all bfloat16 values (here one element of grad_out) keep the float32
-// products: the results are bit-identical to the backward with the pairs forbidden.
-TEST(BackwardBf16Pairs, OtherFloat32InputsKeepTheFloat32Products) {
-  Case c;
-  c.Hq = 2;
-  c.Hkv = 2;
-  c.L = 100;
-  c.S = 130;
-  c.E = 32;
-  c.Ev = 32;
-  sdpa::test::Inputs in = sdpa::test::make_inputs(c, DType::float32, 9);
-  for (Array* a : {&in.q, &in.k, &in.v, &in.dout}) round_to_bf16(*a);
-  in.dout.data_as<float>()[77] += 0x1p-20f;
-  sdpa::test::Outputs off;
-  {
-    NoPairs no;
-    off = sdpa::test::run(in, c.options, Impl::fast);
-  }
-  const sdpa::test::Outputs on = sdpa::test::run(in, c.options, Impl::fast);
-  EXPECT_TRUE(same_bits(on.dq, off.dq) && same_bits(on.dk, off.dk) && same_bits(on.dv, off.dv));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The fused forward on bfloat16 operands (vdpbf16ps, flash.cpp's ForwardBf16Native) against the
+// The fused forward on bfloat16 operands (vdpbf16ps, flash.cpp's ForwardBf16Native, which
+// fast_forward takes for bfloat16 views) against the
 // float64 reference run on the same bfloat16 values, on odd shapes (E and key tiles odd, so the
 // zero pad pairs are used), GQA, both causal alignments, boolean and additive masks, fully
 // masked rows, and NaN stored in masked-out values. Asserted:
@@ -20,6 +21,7 @@
 #include "hwy/targets.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/kernels.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -76,8 +78,11 @@ void check_case(const Case& c, std::uint64_t seed) {
   p.k.data = kh.data();
   p.v.data = vh.data();
   p.out.data = out.data();
+  p.q.dtype = p.k.dtype = p.v.dtype = p.out.dtype = DType::bfloat16;
+  p.dtype = DType::bfloat16;
+  ASSERT_TRUE(sdpa::detail::fast_forward_reads_bfloat16(p));
   std::fill_n(lse_f.data_as<float>(), lse_f.numel(), 12345.f);
-  sdpa::detail::fast_forward_bf16_for_test(p);
+  sdpa::detail::fast_forward(p);
   const float* lse = lse_f.data_as<float>();
 
   const double vmax = sdpa::test::max_abs(in.v);
