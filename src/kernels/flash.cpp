@@ -95,6 +95,7 @@
 #include "core/problem.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
 
@@ -108,6 +109,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+namespace bf16 = sdpa::detail::bf16;
 using flash::ceil_div;
 using flash::kKeyTile;
 using flash::kPad;
@@ -522,6 +524,192 @@ void ForwardT(const Problem& p) {
   if (err.failed) throw std::bad_alloc();
 }
 
+// ---- forward on bfloat16 inputs with vdpbf16ps -------------------------------------------------
+// The float32 forward's algorithm with both products on bfloat16 pairs (kernels/gemm_bf16.h),
+// run only where bf16::native() (elsewhere bfloat16 inputs are converted to float32 and take
+// ForwardT<float>). Arithmetic: each product of two bfloat16 is exact in float32 and accumulates
+// in float32; S = scale * (Q K^T) (the scale is applied to the float32 product, not rounded into
+// Q); the softmax (max, exp, sum, rescale) is float32 as in ForwardT; P is rounded to bfloat16
+// before P V, as FlashAttention-2 and PyTorch's CPU flash kernel round it to the input type,
+// while the row sum l is taken over the unrounded P (as they do): that halves the P V product's
+// cost, and the rounding (relative 2^-9 per probability, independent across keys) stays within
+// the error of the naive bfloat16 implementation, which stores P in bfloat16 too. out is
+// rounded to bfloat16 once, at the end; lse is float32. vdpbf16ps treats bfloat16 denormals
+// (below 2^-126) as zero, far below any score or value that moves a bfloat16 result.
+// Packed per call: K^T tiles as pairs along E ([B*Hkv][nkt][E2][kKeyTile], E2 = ceil(E / 2))
+// and V tiles as pairs of rows ([B*Hkv][nkt][kKeyTile / 2][ldv]); per query tile: Q as pairs.
+
+struct ForwardSharedBf16 {
+  const uint32_t* kt;       // [B*Hkv][nkt][E2][kKeyTile]
+  const uint32_t* vp;       // [B*Hkv][nkt][kKeyTile / 2][ldv]
+  const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
+  int64_t E2, ldv, nkt;
+};
+
+struct ForwardScratchBf16 {
+  uint32_t* q;  // [group][kQueryTile][E2]: the query tile of each head, as pairs
+  float* s;     // [kQueryTile][kKeyTile]: scores, then probabilities
+  uint32_t* p;  // [kQueryTile][kKeyTile / 2]: the probabilities rounded to bfloat16
+  float* vf;    // [kKeyTile][ldv]: a value tile in float32 (only for tiles holding inf or NaN)
+  float* acc;   // [group][kQueryTile][ldv]: unnormalised output
+  float* rmax;  // [group][kQueryTile]
+  float* rsum;  // [group][kQueryTile]
+
+  static size_t Carve(Carver& c, const Problem& p, int64_t E2, int64_t ldv,
+                      ForwardScratchBf16* out) {
+    const auto g = static_cast<size_t>(p.group);
+    ForwardScratchBf16 w;
+    w.q = c.take<uint32_t>(g * kQueryTile * static_cast<size_t>(E2));
+    w.s = c.take<float>(kQueryTile * kKeyTile);
+    w.p = c.take<uint32_t>(kQueryTile * kKeyTile / 2);
+    w.vf = c.take<float>(kKeyTile * static_cast<size_t>(ldv));
+    w.acc = c.take<float>(g * kQueryTile * static_cast<size_t>(ldv));
+    w.rmax = c.take<float>(g * kQueryTile);
+    w.rsum = c.take<float>(g * kQueryTile);
+    if (out != nullptr) *out = w;
+    return c.used();
+  }
+};
+
+/// True when every bfloat16 x[0..n) is finite (exponent bits not all ones).
+inline bool AllFiniteBf16(const uint16_t* x, int64_t n) {
+  uint16_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((x[i] & 0x7f80u) == 0x7f80u);
+  return any == 0;
+}
+
+// ForwardQueryTile on bfloat16 operands: the same passes, the same masking and online softmax.
+void ForwardQueryTileBf16(const Problem& p, const ForwardSharedBf16& sh,
+                          const ForwardScratchBf16& w, int64_t b, int64_t hkv, int64_t i) {
+  const int64_t G = p.group, E = p.E, E2 = sh.E2, Ev = p.Ev, ldv = sh.ldv, S = p.S;
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t bh = b * p.Hkv + hkv;
+  const int64_t last_key = std::min(S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const auto scale = static_cast<float>(p.scale);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    bf16::pack_rows(p.q.row<uint16_t>(b, h, l0), n(rows), n(E), n(p.q.sl),
+                    w.q + g * kQueryTile * E2, n(E2));
+    std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<float>);
+    std::fill_n(w.rsum + g * kQueryTile, rows, 0.0f);
+    std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, 0.0f);
+  }
+
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0), kc2 = (kc + 1) / 2;
+    const bool masked = p.mask.present || kc < kKeyTile ||
+                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    const uint32_t* kt = sh.kt + (bh * sh.nkt + j) * E2 * kKeyTile;
+    const uint32_t* vp = sh.vp + (bh * sh.nkt + j) * (kKeyTile / 2) * ldv;
+    const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
+    if (v_unsafe) {  // the tile in float32, for the product that skips zero probabilities
+      for (int64_t c = 0; c < kc; ++c) {
+        const uint16_t* vr = p.v.row<uint16_t>(b, hkv, s0 + c);
+        for (int64_t e = 0; e < Ev; ++e) w.vf[c * ldv + e] = bf16::to_float(vr[e]);
+        std::fill(w.vf + c * ldv + Ev, w.vf + (c + 1) * ldv, 0.0f);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hkv * G + g;
+      float* acc = w.acc + g * kQueryTile * ldv;
+      float* rmax = w.rmax + g * kQueryTile;
+      float* rsum = w.rsum + g * kQueryTile;
+      // pass 1: S = scale * (Q K^T)
+      bf16::gemm(false, n(rows), n(kKeyTile), n(E2), scale, w.q + g * kQueryTile * E2, n(E2), kt,
+                 n(kKeyTile), w.s, n(kKeyTile));
+      // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
+      for (int64_t r = 0; r < rows; ++r) {
+        float* srow = w.s + r * kKeyTile;
+        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
+        const float alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
+        if (alpha != 1.0f) ScaleRow(acc + r * ldv, ldv, alpha);
+      }
+      // pass 3: acc += bf16(P) V
+      bf16::pack_rows_rounded(w.s, n(rows), n(kc), n(kKeyTile), w.p, n(kKeyTile / 2));
+      if (v_unsafe) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* srow = w.s + r * kKeyTile;
+          for (int64_t c = 0; c < kc; ++c) srow[c] = bf16::to_float(bf16::from_float(srow[c]));
+        }
+        GemmSkipZeros(rows, ldv, kc, w.s, kKeyTile, 1, w.vf, ldv, acc, ldv);
+      } else {
+        bf16::gemm(true, n(rows), n(ldv), n(kc2), 1.0f, w.p, n(kKeyTile / 2), vp, n(ldv), acc,
+                   n(ldv));
+      }
+    }
+  }
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* acc = w.acc + (g * kQueryTile + r) * ldv;
+      const float l = w.rsum[g * kQueryTile + r];
+      uint16_t* o = p.out.row<uint16_t>(b, h, l0 + r);
+      float* lse = p.lse.data != nullptr ? p.lse.row<float>(b, h, l0 + r) : nullptr;
+      if (l == 0.0f) {  // no visible key: out = 0, lse = -inf
+        std::fill_n(o, Ev, uint16_t{0});
+        if (lse != nullptr) *lse = kNegInf<float>;
+        continue;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = bf16::from_float(acc[e] * inv);
+      if (lse != nullptr) *lse = w.rmax[g * kQueryTile + r] + std::log(l);
+    }
+  }
+}
+
+void ForwardBf16Native(const Problem& p) {
+  const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
+  const int64_t E2 = (E + 1) / 2, ldv = round_up(Ev, kPad<float>);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+  Carver measure;
+  measure.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  measure.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  measure.take<uint8_t>(n(BH * nkt));
+  Carver carve(call_shared().reserve(measure.used()));
+  auto* kt = carve.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  auto* vp = carve.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  auto* v_unsafe = carve.take<uint8_t>(n(BH * nkt));
+  const ForwardSharedBf16 sh{
+      .kt = kt, .vp = vp, .v_unsafe = v_unsafe, .E2 = E2, .ldv = ldv, .nkt = nkt};
+
+  Carver scratch_measure;
+  const size_t scratch_bytes = ForwardScratchBf16::Carve(scratch_measure, p, E2, ldv, nullptr);
+  RegionError err;
+#pragma omp parallel num_threads(p.threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
+      const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
+      bf16::pack_transposed(p.k.row<uint16_t>(b, hkv, s0), n(kc), n(E), n(p.k.sl),
+                            kt + t * E2 * kKeyTile, n(kKeyTile));
+      const uint16_t* vsrc = p.v.row<uint16_t>(b, hkv, s0);
+      bf16::pack_row_pairs(vsrc, n(kc), n(Ev), n(p.v.sl), vp + t * (kKeyTile / 2) * ldv, n(ldv));
+      bool finite = true;
+      for (int64_t c = 0; c < kc && finite; ++c) finite = AllFiniteBf16(vsrc + c * p.v.sl, Ev);
+      v_unsafe[t] = finite ? 0 : 1;
+    }
+    void* mem = err.reserve(scratch_bytes);
+    ForwardScratchBf16 w{};
+    if (mem != nullptr) {
+      Carver c(mem);
+      ForwardScratchBf16::Carve(c, p, E2, ldv, &w);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * nqt; ++item) {
+      if (mem == nullptr) continue;
+      const int64_t bh = item / nqt;
+      ForwardQueryTileBf16(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt);
+    }
+  }
+  if (err.failed) throw std::bad_alloc();
+}
+
 // ---- backward --------------------------------------------------------------------------------
 
 // |lse| up to which P = exp(S - lse) is normalised well enough by the given lse. lse is rounded
@@ -554,6 +742,39 @@ HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int
   return hn::GetLane(acc);
 }
 
+// bfloat16 inputs on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T, whose operands
+// are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no rounding beyond the
+// float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P or dS to
+// bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the scale
+// applied to the float32 product), so P = exp(S - lse) matches the forward's.
+struct BackwardPairs {
+  const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
+  const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
+  const uint32_t* dout;  // [B*Hq][L][Ev2]: grad_out rows (zero for rows that see no key)
+  const uint32_t* vt;    // [B*Hkv][nkt][Ev2][kKeyTile]: value tiles transposed
+  int64_t E2, Ev2;
+};
+
+// S = scale * (Q K^T) (dp false) or dP = dO V^T (dp true) of query rows row0 .. row0 + rows
+// against key tile `tile`, from the pairs, into c [rows][kKeyTile]; false (nothing done) when
+// there are no pairs (T = double never has them).
+template <typename T>
+bool ProductFromPairs(const Problem& p, const BackwardPairs* pairs, bool dp, int64_t rows,
+                      int64_t row0, int64_t tile, T* c) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pairs == nullptr) return false;
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    const int64_t K2 = dp ? pairs->Ev2 : pairs->E2;
+    const uint32_t* a = (dp ? pairs->dout : pairs->q) + row0 * K2;
+    const uint32_t* b = (dp ? pairs->vt : pairs->kt) + tile * K2 * kKeyTile;
+    bf16::gemm(false, n(rows), n(kKeyTile), n(K2), dp ? 1.0f : static_cast<float>(p.scale), a,
+               n(K2), b, n(kKeyTile), c, n(kKeyTile));
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 struct BackwardShared {
   const T* kt;   // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
@@ -569,6 +790,8 @@ struct BackwardShared {
   const T* inv_sum;
   const uint8_t* k_unsafe;     // [B*Hkv][nkt]: the key tile holds inf or NaN
   int64_t ldq, ldo, nkt, nqt;  // ldq, ldo: columns of the products (E, Ev padded to 64 bytes)
+  // Set only for bfloat16 inputs on vdpbf16ps (float32 T): S and dP from bfloat16 pairs.
+  const BackwardPairs* pairs = nullptr;
 };
 
 template <typename T>
@@ -609,8 +832,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
   const bool masked = p.mask.present || kc < kKeyTile ||
                       (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
   const int64_t tile = bh * sh.nkt + j;
-  Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1, sh.kt + tile * p.E * kKeyTile,
-              kKeyTile, w.p, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
+    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                sh.kt + tile * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
     const T shift = sh.shift[row0 + r];
@@ -629,8 +854,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     const T inv = sh.inv_sum[row0 + r];
     if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
-  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
-              sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
+    Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
+                sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     SoftmaxGradRow(w.p + r * kKeyTile, w.ds + r * kKeyTile, kKeyTile, sh.D[row0 + r]);
   }
@@ -655,8 +882,10 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     const bool masked = p.mask.present || kc < kKeyTile ||
                         (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
-    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
+      Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                  sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       T* srow = w.p + r * kKeyTile;
       if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
@@ -826,6 +1055,34 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
   return plan;
 }
 
+// Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
+template <typename T>
+bool BackwardTakesPairs(const Problem& p) {
+  // Chosen from the caller's dtype, never from the values: a float32 caller keeps float32
+  // arithmetic (vdpbf16ps would flush its denormals).
+  return std::is_same_v<T, float> && p.dtype == DType::float32 &&
+         p.source_dtype == DType::bfloat16 && bf16::native() && IsComputeType<T>(p.q.dtype) &&
+         IsComputeType<T>(p.dout.dtype);
+}
+
+// One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
+template <typename T>
+void PackPairRows(const T* tile, int64_t rows, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kKeyTile, dst,
+                                 kKeyTile);
+  }
+}
+
+// One input row of bfloat16 values as pairs along the row.
+template <typename T>
+void PackInputRowPairs(const T* row, int64_t width, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto w = static_cast<size_t>(width);
+    bf16::pack_rows_rounded(row, 1, w, w, dst, (w + 1) / 2);
+  }
+}
+
 template <typename T>
 void BackwardT(const Problem& p) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
@@ -854,6 +1111,13 @@ void BackwardT(const Problem& p) {
   const bool dout_in_place = ldo == Ev && !dout_dirty && IsComputeType<T>(p.dout.dtype);
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
 
+  const bool use_pairs = BackwardTakesPairs<T>(p);
+  const int64_t E2 = (E + 1) / 2, Ev2 = (Ev + 1) / 2;
+  const size_t q2_size = use_pairs ? n(BHq * L * E2) : 0,
+               kt2_size = use_pairs ? n(BH * nkt * E2 * kKeyTile) : 0;
+  const size_t do2_size = use_pairs ? n(BHq * L * Ev2) : 0,
+               vt2_size = use_pairs ? n(BH * nkt * Ev2 * kKeyTile) : 0;
+
   const BackwardPlan plan =
       PlanBackward(BH, nkt, static_cast<int64_t>(n(BHq * L * ldq) * sizeof(T)));
   const size_t partial_size = plan.chunks > 1 ? n(plan.chunks * BHq * L * ldq) : 0;
@@ -868,6 +1132,7 @@ void BackwardT(const Problem& p) {
   measure.take<T>(n(3 * BHq * L));
   measure.take<uint8_t>(n(BH * nkt));
   measure.take<uint8_t>(n(BHq * nqt));
+  for (size_t size : {q2_size, kt2_size, do2_size, vt2_size}) measure.take<uint32_t>(size);
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
   T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
@@ -880,6 +1145,11 @@ void BackwardT(const Problem& p) {
   T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
   uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
+  uint32_t* q2 = carve.take<uint32_t>(q2_size);
+  uint32_t* kt2 = carve.take<uint32_t>(kt2_size);
+  uint32_t* do2 = carve.take<uint32_t>(do2_size);
+  uint32_t* vt2 = carve.take<uint32_t>(vt2_size);
+  const BackwardPairs pairs{.q = q2, .kt = kt2, .dout = do2, .vt = vt2, .E2 = E2, .Ev2 = Ev2};
   const BackwardShared<T> sh{
       .kt = kt,
       .vt = vt,
@@ -893,7 +1163,8 @@ void BackwardT(const Problem& p) {
       .ldq = ldq,
       .ldo = ldo,
       .nkt = nkt,
-      .nqt = nqt};
+      .nqt = nqt,
+      .pairs = use_pairs ? &pairs : nullptr};
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(
@@ -914,6 +1185,10 @@ void BackwardT(const Problem& p) {
       if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
       const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
       k_unsafe[t] = AllFiniteRows(kread, sh.k.sl, kc, E) ? 0 : 1;
+      if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
+        PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
+        PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
+      }
     }
     // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
 #pragma omp for schedule(static)
@@ -926,6 +1201,10 @@ void BackwardT(const Problem& p) {
         if (row_lse == kNegInf<T>) {
           std::fill_n(qs + row * ldq, ldq, T(0));
           if (!dout_in_place) std::fill_n(dop + row * ldo, ldo, T(0));
+          if (use_pairs) {
+            std::fill_n(q2 + row * E2, E2, 0u);
+            std::fill_n(do2 + row * Ev2, Ev2, 0u);
+          }
           D[row] = T(0);
           shift[row] = kNegInf<T>;
           continue;
@@ -938,6 +1217,10 @@ void BackwardT(const Problem& p) {
           using SO = typename decltype(st)::type;
           D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
         });
+        if (use_pairs) {  // q and dO are float32 here (BackwardTakesPairs)
+          PackInputRowPairs(p.q.row<T>(b, h, l), E, q2 + row * E2);
+          PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
+        }
         shift[row] = row_lse;
         any = any || !LseNormalises(row_lse);
       }
@@ -1019,13 +1302,23 @@ namespace sdpa::detail {
 
 HWY_EXPORT(ForwardFloat);
 HWY_EXPORT(ForwardDouble);
+HWY_EXPORT(ForwardBf16Native);
 HWY_EXPORT(BackwardFloat);
 HWY_EXPORT(BackwardDouble);
 HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
+bool fast_forward_reads_bfloat16(const Problem& p) {
+  return p.q.dtype == DType::bfloat16 && p.k.dtype == DType::bfloat16 &&
+         p.v.dtype == DType::bfloat16 && bf16::native();
+}
+
 void fast_forward(const Problem& p) {
+  if (fast_forward_reads_bfloat16(p)) {
+    HWY_DYNAMIC_DISPATCH(ForwardBf16Native)(p);
+    return;
+  }
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p);
   } else {
