@@ -64,6 +64,11 @@ void section_temperature(Page& page) {
       const std::string style = fmt::format("linespoints lt {} pt {} ps 0.6", lt, point_type(i));
       const std::string title = fmt::format("d = {}", d);
       pe.series.push_back(series(title, rows, {"c", "normalized_entropy"}, "1:2", style));
+      if (i == 0) {
+        pe.series.push_back(series(page.tr("theory (REM, s = c)", "理论（REM，s = c）"), rows,
+                                   {"c", "entropy_theory", "n_keys"}, "1:($2/log($3))",
+                                   "lines dt 2 lc rgb '#e8112d'"));
+      }
       pg.series.push_back(series(title + page.tr(" median", " 中位数"), rows, {"c", "grad_q_norm"},
                                  "1:($2 > 0 ? $2 : NaN)", style));
       pg.series.push_back(series(title + " p99", rows, {"c", "grad_q_p99"}, "1:($2 > 0 ? $2 : NaN)",
