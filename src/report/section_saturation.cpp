@@ -23,10 +23,7 @@ double pick_n(const json* t) {
 
 void section_c7(Page& page) {
   Section& s = page.claim_section(6);
-  const json* t = page.table("saturation", "saturation");
-  if (!t) {
-    page.note(s, page.absent("saturation", "saturation"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "saturation")) {
     const double n = pick_n(t);
     s.blocks.push_back(Paragraph{page.tr(
         fmt::format(
@@ -122,7 +119,7 @@ void section_c7(Page& page) {
         page.tr(fmt::format("Key rows (N = {}); grad_*_norm is the median over rows:", n),
                 fmt::format("关键行（N = {}）；grad_*_norm 为各行中位数：", n)));
   }
-  if (const json* region = page.table("saturation", "c7_region")) {
+  if (const json* region = page.table_or_note(s, "saturation", "c7_region")) {
     page.key_rows(
         s, "saturation", "c7_region", all_rows(region),
         {"d", "n_keys", "regime_unscaled", "median_ratio", "median_ratio_ci_low",
@@ -134,8 +131,6 @@ void section_c7(Page& page) {
             "and the top-two-gap prediction exp(−t*·a_N/√d):",
             "逐格结论 (d, N)：同一批行上未缩放与缩放的 |dQ| 中位数之比及其配对自助法 95% "
             "区间；死行比例及其区间与最大两项间隔预测 exp(−t*·a_N/√d)："));
-  } else {
-    page.note(s, page.absent("saturation", "c7_region"));
   }
   page.verdicts(s, "C7");
 }
@@ -158,10 +153,7 @@ void section_freezing(Page& page) {
       "ln N"
       "（红线）后冻结；缩放后（s = 1）永远不会。颜色：测得的熵 / ln N（1 = 均匀，0 = "
       "one-hot）；格中数字即此值。")});
-  const json* t = page.table("saturation", "saturation");
-  if (!t) {
-    page.note(s, page.absent("saturation", "saturation"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "saturation")) {
     Figure f;
     f.id = "freezing-boundary";
     f.caption = page.tr(
@@ -240,7 +232,7 @@ void section_freezing(Page& page) {
                            "saturation 网格中 d 或 N 的取值少于两个。"));
     }
   }
-  if (const json* curve = page.table("saturation", "entropy_curve")) {
+  if (const json* curve = page.table_or_note(s, "saturation", "entropy_curve")) {
     Figure f;
     f.id = "freezing-theory";
     f.caption = page.tr(
@@ -309,10 +301,7 @@ void section_alternatives(Page& page) {
       "软截断"
       "（Gemma 2：50·tanh(y/50)）。这里比较 q、k 方差为 1（σ = 1）与激活增大四倍（σ = 4）"
       "两种情形，N = 1024 个键。")});
-  const json* t = page.table("saturation", "alternatives");
-  if (!t) {
-    page.note(s, page.absent("saturation", "alternatives"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "alternatives")) {
     Figure f;
     f.id = "alternatives";
     f.caption = page.tr(

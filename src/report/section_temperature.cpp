@@ -20,10 +20,7 @@ void section_temperature(Page& page) {
       "softmax(c·QKᵀ/√d)：缩放过大则注意力冻结，过小则变均匀。均匀的注意力仍能"
       "传递梯度，但每个查询得到相同的输出：输出多样性（输出在各查询间的方差 / V "
       "的方差）衡量剩下的区分度。")});
-  const json* t = page.table("temperature", "temperature");
-  if (!t) {
-    page.note(s, page.absent("temperature", "temperature"));
-  } else {
+  if (const json* t = page.table_or_note(s, "temperature", "temperature")) {
     Figure f;
     f.id = "temperature";
     f.caption = page.tr(

@@ -98,12 +98,9 @@ void section_c8(Page& page) {
 }
 
 void section_c8_study(Page& page, Section& s) {
-  const json* curves = page.table("train", "study_curves");
-  const json* regimes = page.table("train", "study_regimes");
-  if (!curves || !regimes) {
-    page.note(s, page.absent("train", !curves ? "study_curves" : "study_regimes"));
-    return;
-  }
+  const json* curves = page.table_or_note(s, "train", "study_curves");
+  const json* regimes = curves ? page.table_or_note(s, "train", "study_regimes") : nullptr;
+  if (!regimes) return;
   s.blocks.push_back(Paragraph{page.tr(
       "The study: unscaled against 1/√d over paired seeds (the same initialisation and batches "
       "for both), SGD, SGD with momentum and Adam, head dimensions d ≤ D, each variant's rate "
@@ -190,10 +187,7 @@ void section_training(Page& page) {
       "还把查询初始化为零并随宽度缩放学习率）以及带可学习温度的 QK "
       "归一化。只在"
       "一个学习率下有效的变体是脆弱的；在所有学习率下都失败的变体是“卡死”的。")});
-  const json* runs = page.table("train", "runs");
-  if (!runs) {
-    page.note(s, page.absent("train", "runs"));
-  } else {
+  if (const json* runs = page.table_or_note(s, "train", "runs")) {
     const auto ds = distinct_numbers(runs, "d");
     Figure f;
     f.id = "training-lr-sweep";
