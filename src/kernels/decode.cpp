@@ -62,6 +62,7 @@
 #include <new>
 #include <type_traits>
 
+#include "core/half.h"
 #include "kernels/flash_common.h"
 #include "kernels/workspace.h"
 
@@ -221,7 +222,27 @@ HWY_INLINE void CopyRow(const Tc* HWY_RESTRICT src, int64_t n, T* HWY_RESTRICT d
     for (; e + N <= n; e += N) hn::StoreU(hn::LoadU(d, src + e), d, dst + e);
     for (; e < n; ++e) dst[e] = src[e];
   } else {
-    static_assert(std::is_same_v<T, Tc>, "no conversion for this cache type");
+    // float16 (F16C's vcvtph2ps on AVX2 and up) or bfloat16 (a 16-bit shift) widened to
+    // float32 exactly, in registers, as the tile is packed.
+    static_assert(std::is_same_v<T, float>, "16-bit caches are read by the float32 kernel");
+    int64_t e = 0;
+#if HWY_TARGET != HWY_SCALAR
+    const hn::ScalableTag<float> d;
+    const hn::Rebind<Tc, decltype(d)> dh;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    for (; e + 2 * N <= n; e += 2 * N) {
+      const auto x0 = hn::PromoteTo(d, hn::LoadU(dh, src + e));
+      const auto x1 = hn::PromoteTo(d, hn::LoadU(dh, src + e + N));
+      hn::StoreU(x0, d, dst + e), hn::StoreU(x1, d, dst + e + N);
+    }
+    for (; e + N <= n; e += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + e)), d, dst + e);
+#endif
+    for (; e < n; ++e) {
+      std::uint16_t bits;
+      std::memcpy(&bits, src + e, sizeof bits);
+      dst[e] =
+          std::is_same_v<Tc, hwy::float16_t> ? float16_to_float(bits) : bfloat16_to_float(bits);
+    }
   }
 }
 
@@ -588,6 +609,8 @@ void DecodeT(const DecodeProblem& p) {
 }  // namespace
 
 void DecodeFloat(const DecodeProblem& p) { DecodeT<float, float>(p); }
+void DecodeFloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::float16_t>(p); }
+void DecodeBfloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::bfloat16_t>(p); }
 void DecodeDouble(const DecodeProblem& p) { DecodeT<double, double>(p); }
 const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -598,6 +621,8 @@ HWY_AFTER_NAMESPACE();
 namespace sdpa::detail {
 
 HWY_EXPORT(DecodeFloat);
+HWY_EXPORT(DecodeFloat16Cache);
+HWY_EXPORT(DecodeBfloat16Cache);
 HWY_EXPORT(DecodeDouble);
 HWY_EXPORT(DecodeTargetName);
 
@@ -609,6 +634,10 @@ std::int64_t decode_chunk_keys(std::int64_t S) {
 void decode_forward(const DecodeProblem& p) {
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(DecodeDouble)(p);
+  } else if (p.kv_dtype == DType::float16) {
+    HWY_DYNAMIC_DISPATCH(DecodeFloat16Cache)(p);
+  } else if (p.kv_dtype == DType::bfloat16) {
+    HWY_DYNAMIC_DISPATCH(DecodeBfloat16Cache)(p);
   } else {
     HWY_DYNAMIC_DISPATCH(DecodeFloat)(p);
   }
@@ -619,6 +648,7 @@ bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries; }
 void decode_forward(const Problem& p, void* out, void* lse) {
   DecodeProblem d;
   d.dtype = p.dtype;
+  d.kv_dtype = p.dtype;
   d.batch = p.B;
   d.Hq = p.Hq;
   d.Hkv = p.Hkv;
