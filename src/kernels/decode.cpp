@@ -1,9 +1,10 @@
 // The decode kernel: a few query rows per GQA group against a long run of keys (inference).
 //
 // Contract (asserted by tests/decode on every compiled SIMD target): tensors as described by
-// DecodeProblem (decode.h); float32 computes in float32, float64 in float64; visibility exactly
-// as the fused kernel's (flash.cpp): an invisible key is never read from V and its score is
-// -inf; a row that sees no key gives out = 0, lse = -inf. Error against the float64 reference
+// DecodeProblem (decode.h); float32 computes in float32 (also over float16 or bfloat16 caches,
+// widened exactly), float64 in float64; visibility exactly as the fused kernel's (flash.cpp):
+// an invisible key's value row never enters the sum and its score is -inf; a row that sees no
+// key gives out = 0, lse = -inf. Error against the float64 reference
 // within 2 x that of the naive same-precision implementation plus a floor of a few epsilons.
 // Results are bit-identical for any thread count (see the chunk rule below).
 //
