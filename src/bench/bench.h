@@ -28,6 +28,7 @@ struct BenchConfig {
   bool kv_cache = false;
   std::int64_t page_size = 0;
   std::vector<std::int64_t> kv_lens;
+  DType kv_dtype = DType::float32;  // of the caches: float32, float16 or bfloat16
 };
 
 /// Times the configuration (allocation and a warm-up outside the timed loop) and returns the
