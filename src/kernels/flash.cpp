@@ -4,7 +4,9 @@
 //   shapes and layout as in core/problem.h (flattened batch; every operand read and written
 //   through its own batch, head and row strides, in place: the packed copies below are the
 //   kernel's own, made whatever the layout, and no other copy is made); float32 inputs compute in
-//   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
+//   float32 (float64 inputs in float64, same algorithm; bfloat16 inputs on CPUs with
+//   AVX512_BF16 multiply bfloat16 pairs on vdpbf16ps with float32 accumulation: see "forward on
+//   bfloat16 inputs" and BackwardPairs below, tests/bf16/); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
 //   in the backward, keys) hold inf or NaN takes a product that skips zero probabilities, so a
