@@ -20,6 +20,7 @@ struct BenchArgs {
   bench::BenchConfig config;
   std::string causal = "none";
   std::string impl = "fast";
+  std::string dtype = "float32";
   bool peak = false;
   bool json = false;
 #ifdef SDPA_HAS_MPI
@@ -81,7 +82,8 @@ void add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time attention on random float32 inputs: median/min/max seconds, GFLOP/s (forward "
+      "Time attention on random inputs (float32, or --dtype): median/min/max seconds, GFLOP/s "
+      "(forward "
       "4*B*H*L*S*E, halved when causal; backward 2.5x), % of the measured FP32 peak");
   bench::BenchConfig& c = a->config;
   cmd->add_option("--batch", c.batch, "B")->capture_default_str();
@@ -97,6 +99,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--backward", c.backward, "time the backward pass (forward done beforehand)");
   cmd->add_option("--impl", a->impl, "fast, reference or naive")
       ->check(CLI::IsMember({"fast", "reference", "naive"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "query/key/value dtype: float32, or float16 / bfloat16 (float32 arithmetic; "
+                  "docs/precision.md)")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (0: one per core)")
       ->check(threads_validator())
@@ -147,6 +154,9 @@ void add_bench_command(CLI::App& app) {
     }
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
+    a->config.dtype = a->dtype == "bfloat16"  ? DType::bfloat16
+                      : a->dtype == "float16" ? DType::float16
+                                              : DType::float32;
 #ifdef SDPA_HAS_MPI
     if (!a->context_parallel.strategy.empty()) {
       return run_context_parallel_bench(a->config, a->context_parallel, a->json);

@@ -137,19 +137,20 @@ nlohmann::json run_bench(const BenchConfig& config) {
   options.impl = config.impl;
   options.threads = threads;
 
-  const Array q = random_normal({B, H, L, E}, 1);
-  const Array k = random_normal({B, Hkv, S, E}, 2);
-  const Array v = random_normal({B, Hkv, S, Ev}, 3);
-  Array out(DType::float32, {B, H, L, Ev}), lse(DType::float32, {B, H, L});
+  const DType dt = config.dtype;  // inputs drawn in float32, rounded once to dt
+  const Array q = random_normal({B, H, L, E}, 1).astype(dt);
+  const Array k = random_normal({B, Hkv, S, E}, 2).astype(dt);
+  const Array v = random_normal({B, Hkv, S, Ev}, 3).astype(dt);
+  Array out(dt, {B, H, L, Ev}), lse(DType::float32, {B, H, L});  // lse float32 for 16-bit too
   Array dout, dq, dk, dv;
   const MutableTensorRef lse_ref = lse.mut();
   const auto forward = [&] { attention_forward(q, k, v, nullptr, options, out.mut(), &lse_ref); };
   std::function<void()> call = forward;
   if (config.backward) {
-    dout = random_normal({B, H, L, Ev}, 4);
-    dq = Array(DType::float32, q.shape());
-    dk = Array(DType::float32, k.shape());
-    dv = Array(DType::float32, v.shape());
+    dout = random_normal({B, H, L, Ev}, 4).astype(dt);
+    dq = Array(dt, q.shape());
+    dk = Array(dt, k.shape());
+    dv = Array(dt, v.shape());
     forward();  // out and lse for the backward, outside the timing
     call = [&] {
       attention_backward(q, k, v, nullptr, out, lse, dout, options, dq.mut(), dk.mut(), dv.mut());
@@ -195,8 +196,8 @@ nlohmann::json run_bench(const BenchConfig& config) {
   }
 
   nlohmann::json j =
-      header_json({impl_name(config.impl), config.backward ? "backward" : "forward", "float32", B,
-                   H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
+      header_json({impl_name(config.impl), config.backward ? "backward" : "forward", dtype_name(dt),
+                   B, H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
                   seconds);
   j["flops"] = flops;
   j["gflops_median"] = gflops;

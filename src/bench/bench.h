@@ -20,7 +20,8 @@ struct BenchConfig {
   Causal causal = Causal::none;
   bool backward = false;
   Impl impl = Impl::fast;
-  int threads = 0;  // 0: one per core
+  DType dtype = DType::float32;  // of query, key, value (run_bench): float32, float16, bfloat16
+  int threads = 0;               // 0: one per core
   int repeat = 5;
   // The KV-cache shape (run_decode_bench): q (batch, seq, heads, dim) over caches of kv_seq rows
   // per sequence (or kv_lens, one length per sequence), paged when page_size > 0.

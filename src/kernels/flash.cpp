@@ -3,10 +3,16 @@
 // Contract (asserted by tests/kernels/test_kernels.cpp on every compiled SIMD target):
 //   shapes and layout as in core/problem.h (flattened batch; every operand read and written
 //   through its own batch, head and row strides, in place: the packed copies below are the
-//   kernel's own, made whatever the layout, and no other copy is made); float32 inputs compute in
-//   float32 (float64 inputs in float64, same algorithm; bfloat16 inputs on CPUs with
-//   AVX512_BF16 multiply bfloat16 pairs on vdpbf16ps with float32 accumulation: see "forward on
-//   bfloat16 inputs" and BackwardPairs below, tests/bf16/); masking exactly as the reference: a key
+//   kernel's own, made whatever the layout, and no other copy is made); float16 and bfloat16
+//   query, key, value and grad_out are widened exactly while packed and computed in float32 like
+//   float32 inputs holding the same values, P kept in float32 before P V (the products run in
+//   float32 anyway, so rounding P would only add error), out, dq, dk, dv rounded once to their
+//   operand's dtype (nearest even), lse float32 (tests/strided/test_half_packing.cpp: the bits
+//   of the float32 kernel on the widened values, rounded once), except on CPUs with
+//   AVX512_BF16, where all-bfloat16 inputs multiply bfloat16 pairs on vdpbf16ps with float32
+//   accumulation (the forward rounding P to bfloat16; the backward's S and dP only): see
+//   "forward on bfloat16 inputs" and BackwardPairs below, tests/bf16/; float32 inputs compute in
+//   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
 //   in the backward, keys) hold inf or NaN takes a product that skips zero probabilities, so a
@@ -88,6 +94,7 @@
 #include <new>
 #include <type_traits>
 
+#include "core/half.h"
 #include "core/problem.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
@@ -117,6 +124,71 @@ using std::size_t;
 template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
+// ---- storage types ----------------------------------------------------------------------------
+// An operand is stored in the compute type T, or, when T is float, in float16 or bfloat16 (the
+// query, key, value and grad_out inputs; out and the gradients in their input's dtype; lse is
+// always T). Inputs of 16-bit types are widened, exactly, while they are packed (a vector
+// PromoteTo: F16C's vcvtph2ps for float16 on AVX2 and later, a 16-bit shift for bfloat16), so
+// every product, the softmax and the sums run in float32 exactly as for float32 inputs holding
+// the same values; P is kept in float32 before P V. Outputs are rounded to their dtype once, to
+// nearest even (core/half.h).
+
+template <typename S>
+struct Storage {
+  using type = S;
+};
+
+/// Calls f(Storage<S>{}) with S the C++ type of an operand of `dtype` (T, hwy::float16_t or
+/// hwy::bfloat16_t).
+template <typename T, typename F>
+HWY_INLINE void WithStorage(DType dtype, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (dtype == DType::float16) return f(Storage<hwy::float16_t>{});
+    if (dtype == DType::bfloat16) return f(Storage<hwy::bfloat16_t>{});
+  }
+  f(Storage<T>{});
+}
+
+template <typename T>
+bool IsComputeType(DType dtype) {
+  return dtype == (std::is_same_v<T, float> ? DType::float32 : DType::float64);
+}
+
+template <typename T>
+HWY_INLINE T Widen(T x) {
+  return x;
+}
+HWY_INLINE float Widen(hwy::float16_t x) { return float16_to_float(x.bits); }
+HWY_INLINE float Widen(hwy::bfloat16_t x) { return bfloat16_to_float(x.bits); }
+
+/// x in storage type S, rounded to nearest even when S is 16-bit.
+template <typename S, typename T>
+HWY_INLINE S Narrow(T x) {
+  if constexpr (std::is_same_v<S, hwy::float16_t>) {
+    return S{float_to_float16(x)};
+  } else if constexpr (std::is_same_v<S, hwy::bfloat16_t>) {
+    return S{float_to_bfloat16(x)};
+  } else {
+    return x;
+  }
+}
+
+/// dst[0..n) = factor * src[0..n), src widened to T (vectorised).
+template <typename T, typename S>
+HWY_INLINE void ScaledRow(const S* HWY_RESTRICT src, int64_t n, T factor, T* HWY_RESTRICT dst) {
+  int64_t i = 0;
+  if constexpr (!std::is_same_v<S, T>) {
+    const hn::ScalableTag<T> d;
+    const hn::Rebind<S, decltype(d)> ds;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto f = hn::Set(d, factor);
+    for (; i + lanes <= n; i += lanes) {
+      hn::StoreU(hn::Mul(f, hn::PromoteTo(d, hn::LoadU(ds, src + i))), d, dst + i);
+    }
+  }
+  for (; i < n; ++i) dst[i] = factor * Widen(src[i]);
+}
+
 // ---- packing (once per call, shared by all threads) ------------------------------------------
 // Every read of an input goes through these functions and the Rows views below, with the
 // input's own row stride (src_ld: elements between consecutive rows), so that any strided
@@ -145,24 +217,49 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
 /// dst[e][c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key tile
 /// transposed so that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile),
 /// vectorised along the keys.
-template <typename T>
-void TransposeTile(const T* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
+template <typename T, typename S>
+void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
   for (int64_t e = 0; e < width; ++e) {
     T* d = dst + e * kKeyTile;
-    for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
+    for (int64_t c = 0; c < kc; ++c) d[c] = Widen(src[(s0 + c) * src_ld + e]);
     for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
   }
 }
 
-/// dst[r][0..ld) = factor * src[r * src_ld + 0..width) followed by zeros.
-template <typename T>
-void CopyRowsPadded(const T* src, int64_t src_ld, int64_t rows, int64_t width, T factor, int64_t ld,
+/// dst[r][0..ld) = factor * src[r * src_ld + 0..width) (widened to T) followed by zeros.
+template <typename T, typename S>
+void CopyRowsPadded(const S* src, int64_t src_ld, int64_t rows, int64_t width, T factor, int64_t ld,
                     T* dst) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* s = src + r * src_ld;
-    for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * s[e];
+    const S* s = src + r * src_ld;
+    if constexpr (std::is_same_v<S, T>) {
+      for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * s[e];
+    } else {
+      ScaledRow(s, width, factor, dst + r * ld);
+    }
     for (int64_t e = width; e < ld; ++e) dst[r * ld + e] = T(0);
   }
+}
+
+/// CopyRowsPadded from rows (b, h, l0 .. l0 + rows) of input view v, of v's storage type.
+template <typename T>
+void PackRows(const InputView& v, int64_t b, int64_t h, int64_t l0, int64_t rows, int64_t width,
+              T factor, int64_t ld, T* dst) {
+  WithStorage<T>(v.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    CopyRowsPadded(v.row<S>(b, h, l0), v.sl, rows, width, factor, ld, dst);
+  });
+}
+
+/// The output row (b, h, l) of view o = src[0..n) * factor, rounded to o's dtype.
+template <typename T>
+void StoreRow(const OutputView& o, int64_t b, int64_t h, int64_t l, const T* src, int64_t n,
+              T factor) {
+  WithStorage<T>(o.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    S* d = o.row<S>(b, h, l);
+    for (int64_t e = 0; e < n; ++e) d[e] = Narrow<S>(src[e] * factor);
+  });
 }
 
 /// True when every x[0..n) is finite. x - x is 0 for finite x and NaN for inf or NaN.
@@ -179,6 +276,22 @@ bool AllFinite(const T* x, int64_t n) {
   T tail = 0;
   for (; i < n; ++i) tail += x[i] - x[i];
   return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
+}
+
+/// True when every element of row (b, h, l) of input view v (width elements) is finite.
+template <typename T>
+bool RowFinite(const InputView& v, int64_t b, int64_t h, int64_t l, int64_t width) {
+  bool finite = true;
+  WithStorage<T>(v.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    const S* x = v.row<S>(b, h, l);
+    if constexpr (std::is_same_v<S, T>) {
+      finite = AllFinite(x, width);
+    } else {
+      for (int64_t e = 0; e < width && finite; ++e) finite = std::isfinite(Widen(x[e]));
+    }
+  });
+  return finite;
 }
 
 /// True when every element of rows x[r * ld + 0..width), r < rows, is finite.
@@ -298,7 +411,7 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
 
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
-    CopyRowsPadded(p.q.row<T>(b, h, l0), p.q.sl, rows, E, scale, E, w.qs + g * kQueryTile * E);
+    PackRows(p.q, b, h, l0, rows, E, scale, E, w.qs + g * kQueryTile * E);
     std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<T>);
     std::fill_n(w.rsum + g * kQueryTile, rows, T(0));
     std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, T(0));
@@ -339,14 +452,13 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
     for (int64_t r = 0; r < rows; ++r) {
       const T* acc = w.acc + (g * kQueryTile + r) * ldv;
       const T l = w.rsum[g * kQueryTile + r];
-      T* o = p.out.row<T>(b, h, l0 + r);
       if (l == T(0)) {  // no visible key: out = 0, lse = -inf
-        std::fill_n(o, Ev, T(0));
+        StoreRow(p.out, b, h, l0 + r, acc, Ev, T(0));
         if (want_lse) *p.lse.row<T>(b, h, l0 + r) = kNegInf<T>;
         continue;
       }
       const T inv = T(1) / l;
-      for (int64_t e = 0; e < Ev; ++e) o[e] = acc[e] * inv;
+      StoreRow(p.out, b, h, l0 + r, acc, Ev, inv);
       if (want_lse) *p.lse.row<T>(b, h, l0 + r) = w.rmax[g * kQueryTile + r] + std::log(l);
     }
   }
@@ -356,7 +468,10 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
 // dst [E][kKeyTile]; the key's own strides are read.
 template <typename T>
 void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst) {
-  TransposeTile(p.k.row<T>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+  WithStorage<T>(p.k.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    TransposeTile(p.k.row<S>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+  });
 }
 
 template <typename T>
@@ -364,7 +479,7 @@ void ForwardT(const Problem& p) {
   const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
   const int64_t ldv = round_up(Ev, kPad<T>);
-  const bool v_in_place = ldv == Ev;
+  const bool v_in_place = ldv == Ev && IsComputeType<T>(p.v.dtype);
 
   Carver measure;
   measure.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
@@ -391,9 +506,9 @@ void ForwardT(const Problem& p) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
       PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
-      const T* vsrc = p.v.row<T>(b, hkv, s0);
-      if (!v_in_place) CopyRowsPadded(vsrc, p.v.sl, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
-      v_unsafe[t] = AllFiniteRows(vsrc, p.v.sl, kc, Ev) ? 0 : 1;
+      if (!v_in_place) PackRows(p.v, b, hkv, s0, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
+      const T* vread = sh.v.row(b, hkv, s0);  // what the P V product reads
+      v_unsafe[t] = AllFiniteRows(vread, sh.v.sl, kc, Ev) ? 0 : 1;
     }
     void* mem = err.reserve(scratch_bytes);
     ForwardScratch<T> w{};
@@ -620,19 +735,21 @@ bool LseNormalises(T lse) {
 /// bit for bit when out is exactly v_s (a one-hot row, as huge scales give), so that
 /// dS = P * (dP - D) is exactly 0 there, as the maths says, instead of a rounding error that
 /// the scale then multiplies into dQ and dK.
-template <typename T>
-HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, int64_t n) {
+template <typename T, typename S>
+HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int64_t n) {
   const hn::CappedTag<T, 1> d1;
   auto acc = hn::Zero(d1);
-  for (int64_t e = 0; e < n; ++e) acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, b[e]), acc);
+  for (int64_t e = 0; e < n; ++e) {
+    acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, Widen(b[e])), acc);
+  }
   return hn::GetLane(acc);
 }
 
-// bfloat16 inputs on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T, whose operands
-// are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no rounding beyond the
-// float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P or dS to
-// bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the scale
-// applied to the float32 product), so P = exp(S - lse) matches the forward's.
+// bfloat16 q, k, v and grad_out on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T,
+// whose operands are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no
+// rounding beyond the float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P
+// or dS to bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the
+// scale applied to the float32 product), so P = exp(S - lse) matches the forward's.
 struct BackwardPairs {
   const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
   const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
@@ -797,8 +914,8 @@ template <typename T>
 void WriteKeyGradients(const Problem& p, const BackwardScratch<T>& w, int64_t b, int64_t hkv,
                        int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
   for (int64_t c = 0; c < kc; ++c) {
-    std::copy_n(w.dk_acc + c * ldq, p.E, p.dk.row<T>(b, hkv, s0 + c));
-    std::copy_n(w.dv_acc + c * ldo, p.Ev, p.dv.row<T>(b, hkv, s0 + c));
+    StoreRow(p.dk, b, hkv, s0 + c, w.dk_acc + c * ldq, p.E, T(1));
+    StoreRow(p.dv, b, hkv, s0 + c, w.dv_acc + c * ldo, p.Ev, T(1));
   }
 }
 
@@ -848,10 +965,7 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
     }
   }
   const T scale = static_cast<T>(p.scale);
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dq = p.dq.row<T>(b, h, l0 + r);
-    for (int64_t e = 0; e < p.E; ++e) dq[e] = scale * w.dq_acc[r * ldq + e];
-  }
+  for (int64_t r = 0; r < rows; ++r) StoreRow(p.dq, b, h, l0 + r, w.dq_acc + r * ldq, p.E, scale);
 }
 
 // The one-pass backward of one work item: key tiles [j0, j1) of key/value head hkv of batch b,
@@ -947,10 +1061,10 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
 // Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
 template <typename T>
 bool BackwardTakesPairs(const Problem& p) {
-  // Chosen from the caller's dtype, never from the values: a float32 caller keeps float32
+  // Chosen from the operands' dtypes, never from the values: a float32 caller keeps float32
   // arithmetic (vdpbf16ps would flush its denormals).
-  return std::is_same_v<T, float> && p.dtype == DType::float32 &&
-         p.source_dtype == DType::bfloat16 && bf16::native();
+  const auto bf = [](const InputView& v) { return v.dtype == DType::bfloat16; };
+  return std::is_same_v<T, float> && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.dout) && bf16::native();
 }
 
 // One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
@@ -981,17 +1095,22 @@ void BackwardT(const Problem& p) {
     const int64_t bh = row / L;
     return *p.fwd_lse.row<T>(bh / p.Hq, bh % p.Hq, row % L);
   };
-  const auto row_of = [&](const auto& view, int64_t row) {
+  // The gradient row `row` of a (B, Hq, L) output view = scale * src, in the view's dtype.
+  const auto store_row = [&](const OutputView& view, int64_t row, const T* src, T factor) {
     const int64_t bh = row / L;
-    return view.template row<T>(bh / p.Hq, bh % p.Hq, row % L);
+    StoreRow(view, bh / p.Hq, bh % p.Hq, row % L, src, E, factor);
   };
   // A row that sees no key (lse = -inf) contributes nothing, but 0 * NaN would carry a NaN or
   // inf in its dO into dV: such rows are zeroed in a packed copy of dO (q is always copied).
   bool dout_dirty = false;
   for (int64_t row = 0; row < BHq * L && !dout_dirty; ++row) {
-    dout_dirty = lse_of(row) == kNegInf<T> && !AllFinite(row_of(p.dout, row), Ev);
+    const int64_t bh = row / L;
+    dout_dirty =
+        lse_of(row) == kNegInf<T> && !RowFinite<T>(p.dout, bh / p.Hq, bh % p.Hq, row % L, Ev);
   }
-  const bool k_in_place = ldq == E, dout_in_place = ldo == Ev && !dout_dirty;
+  // Inputs of a 16-bit type are always packed (widened).
+  const bool k_in_place = ldq == E && IsComputeType<T>(p.k.dtype);
+  const bool dout_in_place = ldo == Ev && !dout_dirty && IsComputeType<T>(p.dout.dtype);
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
 
   const bool use_pairs = BackwardTakesPairs<T>(p);
@@ -1061,10 +1180,13 @@ void BackwardT(const Problem& p) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
       PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
-      TransposeTile(p.v.row<T>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
-      const T* ksrc = p.k.row<T>(b, hkv, s0);
-      if (!k_in_place) CopyRowsPadded(ksrc, p.k.sl, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
-      k_unsafe[t] = AllFiniteRows(ksrc, p.k.sl, kc, E) ? 0 : 1;
+      WithStorage<T>(p.v.dtype, [&](auto st) {
+        using SV = typename decltype(st)::type;
+        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
+      });
+      if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
+      const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
+      k_unsafe[t] = AllFiniteRows(kread, sh.k.sl, kc, E) ? 0 : 1;
       if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
         PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
         PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
@@ -1089,12 +1211,17 @@ void BackwardT(const Problem& p) {
           shift[row] = kNegInf<T>;
           continue;
         }
-        const T* dout_row = row_of(p.dout, row);
-        CopyRowsPadded(row_of(p.q, row), E, 1, E, scale, ldq, qs + row * ldq);
-        if (!dout_in_place) CopyRowsPadded(dout_row, Ev, 1, Ev, T(1), ldo, dop + row * ldo);
-        D[row] = SequentialDot(dout_row, row_of(p.fwd_out, row), Ev);
-        if (use_pairs) {
-          PackInputRowPairs(row_of(p.q, row), E, q2 + row * E2);
+        const int64_t bh = row / L, b = bh / p.Hq, h = bh % p.Hq, l = row % L;
+        PackRows(p.q, b, h, l, 1, E, scale, ldq, qs + row * ldq);
+        if (!dout_in_place) PackRows(p.dout, b, h, l, 1, Ev, T(1), ldo, dop + row * ldo);
+        const T* dout_row = sh.dout.row(b, h, l);  // T, packed or in place
+        WithStorage<T>(p.fwd_out.dtype, [&](auto st) {
+          using SO = typename decltype(st)::type;
+          D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
+        });
+        if (use_pairs) {  // q straight from its bfloat16 row; dO from its exact float32 copy
+          bf16::pack_rows(p.q.row<uint16_t>(b, h, l), 1, static_cast<size_t>(E),
+                          static_cast<size_t>(E), q2 + row * E2, static_cast<size_t>(E2));
           PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
         }
         shift[row] = row_lse;
@@ -1138,22 +1265,18 @@ void BackwardT(const Problem& p) {
         T* acc = C == 1 ? w.dq_head : partial + (c * BHq * L + first_row) * ldq;
         BackwardKeyChunk(p, sh, w, bh, j0, j1, acc);
         if (C == 1) {
-          for (int64_t r = 0; r < G * L; ++r) {
-            T* dq = row_of(p.dq, first_row + r);
-            for (int64_t e = 0; e < E; ++e) dq[e] = scale * acc[r * ldq + e];
-          }
+          for (int64_t r = 0; r < G * L; ++r) store_row(p.dq, first_row + r, acc + r * ldq, scale);
         }
       }
       if (C > 1) {
         // dQ = scale * (((partial_0 + partial_1) + partial_2) + ...), in chunk order.
 #pragma omp for schedule(static)
         for (int64_t row = 0; row < BHq * L; ++row) {
-          T* dq = row_of(p.dq, row);
+          T* sum = partial + row * ldq;  // chunk 0's row becomes the sum (this row's alone)
           for (int64_t e = 0; e < E; ++e) {
-            T sum = partial[row * ldq + e];
-            for (int64_t c = 1; c < C; ++c) sum += partial[(c * BHq * L + row) * ldq + e];
-            dq[e] = scale * sum;
+            for (int64_t c = 1; c < C; ++c) sum[e] += partial[(c * BHq * L + row) * ldq + e];
           }
+          store_row(p.dq, row, sum, scale);
         }
       }
     }
