@@ -146,10 +146,6 @@ struct Problem {
   // gradients written.
   InputView fwd_out, fwd_lse, dout;
   OutputView dq, dk, dv;
-  // The dtype the caller's q, k, v and grad_out had when a converting path hands the kernel
-  // float32 copies of them (bfloat16 or float16; float32 otherwise). The fused backward takes
-  // S and dP on vdpbf16ps for bfloat16 sources (flash.cpp, BackwardPairs).
-  DType source_dtype = DType::float32;
 
   /// Keys s with s <= last_causal_key(l) are allowed by the causal rule (all keys when
   /// causal is none). The result may be negative (no key) or >= S (every key).

@@ -8,7 +8,10 @@
 //   float32 inputs holding the same values, P kept in float32 before P V (the products run in
 //   float32 anyway, so rounding P would only add error), out, dq, dk, dv rounded once to their
 //   operand's dtype (nearest even), lse float32 (tests/strided/test_half_packing.cpp: the bits
-//   of the float32 kernel on the widened values, rounded once); float32 inputs compute in
+//   of the float32 kernel on the widened values, rounded once), except on CPUs with
+//   AVX512_BF16, where all-bfloat16 inputs multiply bfloat16 pairs on vdpbf16ps with float32
+//   accumulation (the forward rounding P to bfloat16; the backward's S and dP only): see
+//   "forward on bfloat16 inputs" and BackwardPairs below, tests/bf16/; float32 inputs compute in
 //   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
@@ -742,11 +745,11 @@ HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int
   return hn::GetLane(acc);
 }
 
-// bfloat16 inputs on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T, whose operands
-// are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no rounding beyond the
-// float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P or dS to
-// bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the scale
-// applied to the float32 product), so P = exp(S - lse) matches the forward's.
+// bfloat16 q, k, v and grad_out on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T,
+// whose operands are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no
+// rounding beyond the float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P
+// or dS to bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the
+// scale applied to the float32 product), so P = exp(S - lse) matches the forward's.
 struct BackwardPairs {
   const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
   const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
@@ -1058,11 +1061,10 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
 // Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
 template <typename T>
 bool BackwardTakesPairs(const Problem& p) {
-  // Chosen from the caller's dtype, never from the values: a float32 caller keeps float32
+  // Chosen from the operands' dtypes, never from the values: a float32 caller keeps float32
   // arithmetic (vdpbf16ps would flush its denormals).
-  return std::is_same_v<T, float> && p.dtype == DType::float32 &&
-         p.source_dtype == DType::bfloat16 && bf16::native() && IsComputeType<T>(p.q.dtype) &&
-         IsComputeType<T>(p.dout.dtype);
+  const auto bf = [](const InputView& v) { return v.dtype == DType::bfloat16; };
+  return std::is_same_v<T, float> && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.dout) && bf16::native();
 }
 
 // One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
@@ -1217,8 +1219,9 @@ void BackwardT(const Problem& p) {
           using SO = typename decltype(st)::type;
           D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
         });
-        if (use_pairs) {  // q and dO are float32 here (BackwardTakesPairs)
-          PackInputRowPairs(p.q.row<T>(b, h, l), E, q2 + row * E2);
+        if (use_pairs) {  // q straight from its bfloat16 row; dO from its exact float32 copy
+          bf16::pack_rows(p.q.row<uint16_t>(b, h, l), 1, static_cast<size_t>(E),
+                          static_cast<size_t>(E), q2 + row * E2, static_cast<size_t>(E2));
           PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
         }
         shift[row] = row_lse;

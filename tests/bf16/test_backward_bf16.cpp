@@ -1,7 +1,7 @@
 // The fused backward taking S = scale * (Q K^T) and dP = dO V^T from bfloat16 pairs on
-// vdpbf16ps (flash.cpp's BackwardPairs), which it does for float32 copies of bfloat16 inputs
-// (Problem::source_dtype = bfloat16, as a converting caller sets it), against the float64
-// reference on the same values and against the float32 products (source_dtype float32). Both
+// vdpbf16ps (flash.cpp's BackwardPairs), which it does for bfloat16 q, k, v and grad_out views,
+// against the float64 reference on the same values and against the float32 products (float32
+// views of the same values, which the kernel computes exactly as it does widened bfloat16). Both
 // products' operands are exact in bfloat16, so the path must be as accurate as the float32 one:
 // asserted, for dq, dk and dv on odd shapes, GQA, both causal alignments, masks, rows that see no
 // key and every backward plan,
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../common/test_util.h"
@@ -49,10 +50,11 @@ bool same_bits(const Array& a, const Array& b) {
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * 4) == 0;
 }
 
-// The fused backward on a problem resolved from the float32 arrays, as a converting caller runs
-// it: source_dtype names the dtype the inputs came from.
+// The fused backward on a problem resolved from the float32 arrays; with bf16_views, q, k, v and
+// grad_out are then read from bfloat16 copies of the same values (views of dtype bfloat16, as a
+// bfloat16 call hands them over), which on this CPU takes the pairs.
 sdpa::test::Outputs backward(const sdpa::test::Inputs& in, const sdpa::test::Outputs& fwd,
-                             sdpa::AttentionOptions o, DType source) {
+                             sdpa::AttentionOptions o, bool bf16_views) {
   o.impl = Impl::fast;
   sdpa::detail::Problem p =
       sdpa::detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask_ref(), o);
@@ -62,7 +64,16 @@ sdpa::test::Outputs backward(const sdpa::test::Inputs& in, const sdpa::test::Out
   r.dv = Array(DType::float32, in.v.shape());
   sdpa::detail::bind_backward(p, fwd.out.ref(), fwd.lse.ref(), in.dout.ref(), r.dq.mut(),
                               r.dk.mut(), r.dv.mut());
-  p.source_dtype = source;
+  std::vector<std::vector<std::uint16_t>> bits;
+  if (bf16_views) {
+    for (auto [view, a] : {std::pair{&p.q, &in.q}, std::pair{&p.k, &in.k}, std::pair{&p.v, &in.v},
+                           std::pair{&p.dout, &in.dout}}) {
+      std::vector<std::uint16_t>& h = bits.emplace_back(static_cast<std::size_t>(a->numel()));
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = bf16::from_float(a->data_as<float>()[i]);
+      view->data = h.data();  // C order: the strides, in elements, stay valid
+      view->dtype = DType::bfloat16;
+    }
+  }
   sdpa::detail::fast_backward(p);
   return r;
 }
@@ -80,10 +91,10 @@ void check_case(Case c, std::uint64_t seed) {
   if (in.has_mask) in64.mask = in.mask.astype(in.mask.dtype());
   const sdpa::test::Outputs ref = sdpa::test::run(in64, c.options, Impl::reference);
   const sdpa::test::Outputs fwd = sdpa::test::run(in, c.options, Impl::fast, false);
-  const sdpa::test::Outputs f32 = backward(in, fwd, c.options, DType::float32);
-  const sdpa::test::Outputs bf = backward(in, fwd, c.options, DType::bfloat16);
+  const sdpa::test::Outputs f32 = backward(in, fwd, c.options, false);
+  const sdpa::test::Outputs bf = backward(in, fwd, c.options, true);
   c.options.threads = c.options.threads == 1 ? 3 : 1;
-  const sdpa::test::Outputs other = backward(in, fwd, c.options, DType::bfloat16);
+  const sdpa::test::Outputs other = backward(in, fwd, c.options, true);
   EXPECT_TRUE(same_bits(bf.dq, other.dq) && same_bits(bf.dk, other.dk) &&
               same_bits(bf.dv, other.dv))
       << "results depend on the thread count";
