@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <cmath>
 #include <optional>
 #include <thread>
 
@@ -135,10 +136,30 @@ std::vector<std::int64_t> attention_lse_shape(const TensorRef& query) {
 
 namespace {
 
+// The naive baseline implements plain attention only; the variants (window, softcap, ALiBi,
+// sinks, dropout) are served by the reference and the fused kernel.
+void check_variants_supported(const detail::Problem& p, Impl requested) {
+  if (requested == Impl::naive && p.variants.any()) {
+    throw Error(ErrorKind::bad_value, "impl",
+                "expected fast or reference with window, softcap, alibi_slopes, sinks or "
+                "dropout_p, got naive (it computes plain attention only)");
+  }
+}
+
 // The fast and naive kernels compute float32 problems in float32; the few whose float32
 // intermediates could pass float32's range (absurd scales, magnitudes or mask values; see
 // kernels/range.cpp) are computed by the float64 reference instead, which never overflows there.
 Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_out) {
+  check_variants_supported(p, requested);
+  if (requested == Impl::fast && p.dtype == DType::float32 && p.variants.alibi != nullptr) {
+    // ALiBi's bias reaches slope * (L + S): past 1e30 the float32 scores could overflow.
+    const std::int64_t n = p.variants.alibi_stride_b == 0 ? p.Hq : p.B * p.Hq;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (std::fabs(p.variants.alibi[i]) * static_cast<double>(p.L + p.S) > 1e30) {
+        return Impl::reference;
+      }
+    }
+  }
   if (requested != Impl::reference && p.dtype == DType::float32 &&
       detail::float32_may_overflow(p, grad_out)) {
     return Impl::reference;
@@ -196,7 +217,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
       break;
     case Impl::fast:
       // Short queries (decoding) read K and V in place (kernels/decode.cpp).
-      if (detail::decode_applies(p)) {
+      if (detail::decode_applies(p) && !p.variants.any()) {
         detail::decode_forward(p, o.data(), lse_data);
       } else {
         detail::fast_forward(p, o.data(), lse_data);
@@ -215,7 +236,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
                         const TensorRef* mask, const TensorRef& out, const TensorRef& lse,
                         const TensorRef& grad_out, const AttentionOptions& options,
                         const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
-                        const MutableTensorRef& grad_value) {
+                        const MutableTensorRef& grad_value, const MutableTensorRef* grad_sinks) {
   const detail::Problem checked = detail::resolve_problem(query, key, value, mask, options);
   std::vector<std::int64_t> out_shape = query.shape;
   out_shape.back() = checked.Ev;
@@ -235,8 +256,19 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   detail::check_strides(grad_query, "grad_query", true);
   detail::check_strides(grad_key, "grad_key", true);
   detail::check_strides(grad_value, "grad_value", true);
+  if (grad_sinks != nullptr) {
+    if (checked.variants.sinks == nullptr) {
+      throw Error(ErrorKind::bad_value, "grad_sinks",
+                  "expected only with sinks in the options, got no sinks");
+    }
+    detail::check_tensor(*grad_sinks, checked.dtype, {checked.Hq}, "grad_sinks");
+    detail::check_strides(*grad_sinks, "grad_sinks", true);
+  }
   // Nothing to write (see attention_forward).
-  if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
+  if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0 &&
+      (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
+    return;
+  }
   const detail::ContiguousInput q(query, "query"), k(key, "key"), v(value, "value");
   std::optional<detail::ContiguousInput> m;
   if (mask != nullptr) m.emplace(*mask, "mask", true);
@@ -245,13 +277,17 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       detail::resolve_problem(q.ref(), k.ref(), v.ref(), m ? &m->ref() : nullptr, options);
   const detail::ContiguousOutput dq(grad_query, "grad_query"), dk(grad_key, "grad_key"),
       dv(grad_value, "grad_value");
+  std::optional<detail::ContiguousOutput> ds;
+  if (grad_sinks != nullptr) ds.emplace(*grad_sinks, "grad_sinks");
+  void* ds_data = ds ? ds->data() : nullptr;
   const void* go = g.ref().data;
   switch (effective_impl(p, options.impl, go)) {
     case Impl::reference:
-      detail::reference_backward(p, go, dq.data(), dk.data(), dv.data());
+      detail::reference_backward(p, go, dq.data(), dk.data(), dv.data(), {}, ds_data);
       break;
     case Impl::fast:
-      detail::fast_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
+      detail::fast_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data(),
+                            ds_data);
       break;
     case Impl::naive:
       check_naive_scratch(p, 2);
@@ -261,6 +297,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   dq.finish();
   dk.finish();
   dv.finish();
+  if (ds) ds->finish();
 }
 
 }  // namespace sdpa

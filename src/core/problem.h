@@ -8,12 +8,14 @@
 // The mask keeps its own broadcast strides (0 along broadcast dimensions).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/variants.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
@@ -55,6 +57,7 @@ struct Problem {
   DType dtype = DType::float32;  // of query, key, value and every output
   int threads = 1;               // resolved, >= 1
   MaskView mask;
+  Variants variants;  // window, softcap, ALiBi, sinks, dropout (core/variants.h)
 
   const void* query = nullptr;
   const void* key = nullptr;
@@ -73,11 +76,25 @@ struct Problem {
     }
     return S - 1;
   }
+
+  /// The keys that the causal rule and the window let query l see, clamped to first in
+  /// [0, S] and last in [-1, S - 1] (first > last: none). Mask values come on top.
+  KeyRange key_range(std::int64_t l) const {
+    const std::int64_t d = S - L;
+    std::int64_t first = 0, last = std::min(S - 1, last_causal_key(l));
+    if (variants.window_left >= 0) first = std::max<std::int64_t>(0, l + d - variants.window_left);
+    if (variants.window_right >= 0) last = std::min(last, l + d + variants.window_right);
+    return {std::min(first, S), std::max<std::int64_t>(last, -1)};
+  }
 };
 
 /// Validates query/key/value/mask and the options, and fills a Problem (data pointers included).
 Problem resolve_problem(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                         const TensorRef* mask, const AttentionOptions& options);
+
+/// Validates the options' variants (window, softcap, ALiBi slopes, sinks, dropout) against the
+/// resolved shape and fills p.variants (pointing into `options`). Called by resolve_problem.
+void resolve_variants(Problem& p, const AttentionOptions& options);
 
 /// Bytes of memory this process can still get: MemAvailable + SwapFree, or less when its cgroup
 /// limits it; INT64_MAX when unknown.

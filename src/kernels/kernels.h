@@ -8,8 +8,9 @@
 namespace sdpa::detail {
 
 void fast_forward(const Problem& p, void* out, void* lse);
+/// dsinks [Hq] (nullable, only with sinks): d loss / d sink.
 void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
-                   void* dq, void* dk, void* dv);
+                   void* dq, void* dk, void* dv, void* dsinks = nullptr);
 
 /// True when an intermediate of a float32 problem (scores plus mask, the forward's accumulator,
 /// and with grad_out given the backward's dP, dS and gradients) might pass float32's range; the
