@@ -127,6 +127,10 @@ py::dtype native_dtype(sdpa::DType d) {
       return py::dtype::of<double>();
     case sdpa::DType::boolean:
       return py::dtype::of<bool>();
+    case sdpa::DType::float16:
+      return py::dtype("float16");
+    case sdpa::DType::bfloat16:  // NumPy has no bfloat16: its bit patterns as uint16
+      return py::dtype("uint16");
   }
   return py::dtype::of<double>();
 }

@@ -88,11 +88,13 @@ class Error : public std::invalid_argument {
   std::string argument_;
 };
 
-enum class DType : std::uint8_t { float32, float64, boolean };
+/// Element types. float16 is IEEE binary16; bfloat16 is the top half of a float32. Both are
+/// stored as 16-bit patterns (docs/precision.md). Appended last so the older values keep theirs.
+enum class DType : std::uint8_t { float32, float64, boolean, float16, bfloat16 };
 
-/// "float32", "float64" or "bool".
+/// "float32", "float64", "bool", "float16" or "bfloat16".
 const char* dtype_name(DType dtype);
-/// Bytes per element: 4, 8 or 1.
+/// Bytes per element: 4, 8, 1, 2 or 2.
 std::size_t dtype_size(DType dtype);
 
 /// A read-only tensor owned by someone else.

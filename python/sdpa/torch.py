@@ -40,6 +40,27 @@ def _last_contiguous(t):
     return t
 
 
+def _empty_like_layout(t, shape, dtype):
+    """An empty tensor of `shape` whose dimensions lie in memory in the order of t's strides
+    (largest first, the last dimension last and contiguous): for a (N, L, H, E) view transposed
+    to (N, H, L, E), or a slice of a packed QKV projection, out is (N, L, H, Ev) in memory, so
+    that out.transpose(1, 2).reshape(N, L, H * Ev) is a view, not a copy, and a gradient laid out
+    like its input flows back through the transposes without copies. The C++ API writes through
+    any such strides."""
+    n = len(shape)
+    if n <= 1:
+        return torch.empty(shape, dtype=dtype)
+    strides = t.stride()
+    order = sorted(range(n - 1), key=lambda i: -strides[i]) + [n - 1]  # stable: ties keep order
+    if order == list(range(n)):
+        return torch.empty(shape, dtype=dtype)
+    stored = torch.empty([shape[i] for i in order], dtype=dtype)
+    inverse = [0] * n
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return stored.permute(inverse)
+
+
 def _check_tensor(t, what, allowed):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
@@ -102,7 +123,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, causal, scale, enable_gqa, impl, threads,
                 sinks, variants):
-        out = torch.empty(tuple(query.shape[:-1]) + tuple(value.shape[-1:]), dtype=query.dtype)
+        out = _empty_like_layout(query, tuple(query.shape[:-1]) + tuple(value.shape[-1:]),
+                                 query.dtype)
         lse = torch.empty(tuple(query.shape[:-1]), dtype=query.dtype)
         kw = dict(variants)
         if sinks is not None:
@@ -123,9 +145,9 @@ class _Attention(torch.autograd.Function):
         g = _last_contiguous(grad_out)
         if g.dtype != query.dtype:
             g = g.to(query.dtype)
-        dq = torch.empty(query.shape, dtype=query.dtype)
-        dk = torch.empty(key.shape, dtype=query.dtype)
-        dv = torch.empty(value.shape, dtype=query.dtype)
+        dq = _empty_like_layout(query, query.shape, query.dtype)
+        dk = _empty_like_layout(key, key.shape, query.dtype)
+        dv = _empty_like_layout(value, value.shape, query.dtype)
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[9]:
             dsinks = torch.empty(sinks.shape, dtype=query.dtype)
@@ -157,7 +179,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x), with autograd.
 
     query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): CPU tensors, float32 or
-    float64, all one dtype, any strides whose last dimension is contiguous (others are copied).
+    float64, all one dtype, any strides whose last dimension is contiguous, read in place (a
+    tensor whose last dimension is strided is copied first). out is laid out in memory like
+    query (a (N, L, H, E) view gives a (N, L, H, Ev) out), the gradients like their inputs.
     attn_mask: None, bool (True = takes part) or float (added to the scores; -inf allowed),
     broadcastable to (..., Hq, L, S); a float mask that requires grad gets one.
     dropout_p: dropout on the attention weights, in [0, 1), scaled by 1 / (1 - p); the mask

@@ -4,18 +4,22 @@
 #include "bench/bench.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/problem.h"
 #include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "sdpa/array.h"
@@ -50,6 +54,40 @@ double max_rss_mib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+// The fields both benchmarks write first: what ran, on which shape, and the timings.
+struct Header {
+  std::string impl, pass, dtype;
+  std::int64_t batch, heads, kv_heads, seq, kv_seq, dim, value_dim;
+  std::string causal;
+  int threads, repeat;
+};
+
+nlohmann::json header_json(const Header& h, const std::vector<double>& seconds) {
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  nlohmann::json j;
+  j["impl"] = h.impl;
+  j["pass"] = h.pass;
+  j["dtype"] = h.dtype;
+  j["batch"] = h.batch;
+  j["heads"] = h.heads;
+  j["kv_heads"] = h.kv_heads;
+  j["seq"] = h.seq;
+  j["kv_seq"] = h.kv_seq;
+  j["dim"] = h.dim;
+  j["value_dim"] = h.value_dim;
+  j["causal"] = h.causal;
+  j["threads"] = h.threads;
+  j["repeat"] = h.repeat;
+  j["seconds"] = seconds;
+  j["seconds_median"] = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  j["seconds_min"] = sorted.front();
+  j["seconds_max"] = sorted.back();
+  j["cpu"] = cpu_model();
+  return j;
 }
 
 }  // namespace
@@ -156,24 +194,10 @@ nlohmann::json run_bench(const BenchConfig& config) {
       break;
   }
 
-  nlohmann::json j;
-  j["impl"] = impl_name(config.impl);
-  j["pass"] = config.backward ? "backward" : "forward";
-  j["dtype"] = "float32";
-  j["batch"] = B;
-  j["heads"] = H;
-  j["kv_heads"] = Hkv;
-  j["seq"] = L;
-  j["kv_seq"] = S;
-  j["dim"] = E;
-  j["value_dim"] = Ev;
-  j["causal"] = causal_name(config.causal);
-  j["threads"] = threads;
-  j["repeat"] = config.repeat;
-  j["seconds"] = seconds;
-  j["seconds_median"] = median;
-  j["seconds_min"] = sorted.front();
-  j["seconds_max"] = sorted.back();
+  nlohmann::json j =
+      header_json({impl_name(config.impl), config.backward ? "backward" : "forward", "float32", B,
+                   H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
+                  seconds);
   j["flops"] = flops;
   j["gflops_median"] = gflops;
   j["gflops_best"] = flops / sorted.front() * 1e-9;
@@ -184,7 +208,6 @@ nlohmann::json run_bench(const BenchConfig& config) {
   j["peak_gflops_per_cpu_second"] = peak_result.cpu_gflops;
   j["percent_of_peak_cpu_time"] = 100.0 * flops / cpu_median * 1e-9 / peak_result.cpu_gflops;
   j["target"] = target;
-  j["cpu"] = cpu_model();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }
@@ -198,16 +221,39 @@ namespace {
 
 // Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
 // the normal distribution, and the timing does not depend on the values.
-void fill_uniform(Array& a, std::uint64_t seed) {
+void fill_uniform(float* p, std::int64_t n, std::uint64_t seed) {
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  float* p = a.data_as<float>();
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     x ^= x >> 12;
     x ^= x << 25;
     x ^= x >> 27;
     p[i] = static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
   }
 }
+
+// A KV cache as a server allocates it once at start-up: 2 MiB aligned, on transparent huge
+// pages, like the array of the streaming-read probe it is compared with (4 KiB pages cost
+// both of them a TLB miss per page; the probe would otherwise be measured on different terms).
+struct CacheBuffer {
+  float* data = nullptr;
+  std::int64_t numel = 1;
+  std::vector<std::int64_t> shape;
+  explicit CacheBuffer(std::vector<std::int64_t> s) : shape(std::move(s)) {
+    for (const std::int64_t x : shape) numel *= x;
+    detail::check_allocation(numel * static_cast<std::int64_t>(sizeof(float)),
+                             fmt::format("KV cache of shape {}", shape_string(shape)));
+    const std::size_t align = std::size_t{2} << 20;
+    const std::size_t bytes =
+        (static_cast<std::size_t>(numel) * sizeof(float) + align - 1) / align * align;
+    data = static_cast<float*>(std::aligned_alloc(align, std::max(bytes, align)));
+    if (data == nullptr) throw std::bad_alloc();
+    madvise(data, std::max(bytes, align), MADV_HUGEPAGE);  // advice only; failure is harmless
+  }
+  CacheBuffer(const CacheBuffer&) = delete;
+  CacheBuffer& operator=(const CacheBuffer&) = delete;
+  ~CacheBuffer() { std::free(data); }
+  MutableTensorRef mut() const { return MutableTensorRef{data, DType::float32, shape}; }
+};
 
 }  // namespace
 
@@ -274,9 +320,9 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   std::vector<std::int64_t> v_shape = k_shape;
   v_shape.back() = Ev;
   const Array q = random_normal({B, L, H, E}, 1);
-  Array k_cache(DType::float32, k_shape), v_cache(DType::float32, v_shape);
-  fill_uniform(k_cache, 2);
-  fill_uniform(v_cache, 3);
+  CacheBuffer k_cache(k_shape), v_cache(v_shape);
+  fill_uniform(k_cache.data, k_cache.numel, 2);
+  fill_uniform(v_cache.data, v_cache.numel, 3);
   Array out(DType::float32, {B, L, H, Ev}), lse(DType::float32, {B, H, L});
   const Int32TensorRef seqlens_ref{seqlens.data(), {B}};
   const Int32TensorRef table_ref{table.data(), {B, max_blocks}};
@@ -314,26 +360,12 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   const ReadBandwidth bw = measure_read_bandwidth(threads);
   const double gbps = kv_bytes / median * 1e-9;
 
-  nlohmann::json j;
-  j["impl"] = "fast";
-  j["pass"] = "kv-cache";
-  j["dtype"] = "float32";
-  j["batch"] = B;
-  j["heads"] = H;
-  j["kv_heads"] = Hkv;
-  j["seq"] = L;
-  j["kv_seq"] = S_max;
+  nlohmann::json j = header_json({"fast", "kv-cache", "float32", B, H, Hkv, L, S_max, E, Ev,
+                                  options.causal ? "lower-right" : "none", threads, config.repeat},
+                                 seconds);
   j["kv_lens"] = lens;
   j["page_size"] = page;
-  j["dim"] = E;
-  j["value_dim"] = Ev;
-  j["causal"] = options.causal ? "lower-right" : "none";
-  j["threads"] = threads;
-  j["repeat"] = config.repeat;
-  j["seconds"] = seconds;
-  j["seconds_median"] = median;
-  j["seconds_min"] = sorted.front();
-  j["seconds_max"] = sorted.back();
+  j["cache_pages"] = "huge (MADV_HUGEPAGE, as the streaming-read probe)";
   j["cpu_seconds_median"] = cpu_seconds[cpu_seconds.size() / 2];
   j["flops"] = flops;
   j["gflops_median"] = flops / median * 1e-9;
@@ -348,7 +380,6 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   j["read_gbps_per_cpu_second"] = bw.per_cpu_second_gbps;
   j["percent_of_read_bandwidth_cpu_time"] = 100.0 * cpu_gbps / bw.per_cpu_second_gbps;
   j["target"] = detail::decode_kernel_target();
-  j["cpu"] = cpu_model();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/half.h"
 #include "core/problem.h"
 
 namespace sdpa {
@@ -141,6 +142,10 @@ Array Array::astype(DType dtype) const {
         return data_as<double>()[i];
       case DType::boolean:
         return data_as<std::uint8_t>()[i] ? 1.0 : 0.0;
+      case DType::float16:
+        return detail::float16_to_float(data_as<std::uint16_t>()[i]);
+      case DType::bfloat16:
+        return detail::bfloat16_to_float(data_as<std::uint16_t>()[i]);
     }
     return 0.0;
   };
@@ -154,6 +159,12 @@ Array Array::astype(DType dtype) const {
         break;
       case DType::boolean:
         out.data_as<std::uint8_t>()[i] = get(i) != 0.0;
+        break;
+      case DType::float16:  // one rounding from the exact value (no double rounding)
+        out.data_as<std::uint16_t>()[i] = detail::float64_to_float16(get(i));
+        break;
+      case DType::bfloat16:
+        out.data_as<std::uint16_t>()[i] = detail::float64_to_bfloat16(get(i));
         break;
     }
   }

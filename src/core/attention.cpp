@@ -43,6 +43,10 @@ const char* dtype_name(DType dtype) {
       return "float64";
     case DType::boolean:
       return "bool";
+    case DType::float16:
+      return "float16";
+    case DType::bfloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -55,6 +59,9 @@ std::size_t dtype_size(DType dtype) {
       return 8;
     case DType::boolean:
       return 1;
+    case DType::float16:
+    case DType::bfloat16:
+      return 2;
   }
   return 1;
 }
@@ -182,6 +189,24 @@ void check_naive_scratch(const detail::Problem& p, int matrices) {
   detail::check_allocation(static_cast<std::int64_t>(bytes), what);
 }
 
+using detail::Copy;
+
+// The inputs as the fused and naive kernels read them: where they lie, unless their leading
+// batch dimensions do not flatten into one stride (core/layout.h), and the mask once its layout
+// is C order (stride-0 dimensions become size-1 broadcasts, never copied).
+struct KernelInputs {
+  detail::ContiguousInput q, k, v;
+  std::optional<detail::ContiguousInput> m;
+  KernelInputs(const TensorRef& query, const TensorRef& key, const TensorRef& value,
+               const TensorRef* mask, std::size_t lead)
+      : q(query, "query", Copy::unless_flat, lead),
+        k(key, "key", Copy::unless_flat, lead),
+        v(value, "value", Copy::unless_flat, lead) {
+    if (mask != nullptr) m.emplace(*mask, "mask", Copy::mask);
+  }
+  const TensorRef* mask() const { return m ? &m->ref() : nullptr; }
+};
+
 }  // namespace
 
 void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
@@ -201,31 +226,50 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // Nothing to write: return before an implementation loops over B * Hq * L rows, which an empty
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
-  // The implementations read and write C-contiguous data (core/layout.h).
-  const detail::ContiguousInput q(query, "query"), k(key, "key"), v(value, "value");
-  std::optional<detail::ContiguousInput> m;
-  if (mask != nullptr) m.emplace(*mask, "mask", true);
-  const detail::Problem p =
-      detail::resolve_problem(q.ref(), k.ref(), v.ref(), m ? &m->ref() : nullptr, options);
+  const std::size_t lead = checked.lead;
+  const KernelInputs in(query, key, value, mask, lead);
+  detail::Problem p =
+      detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
+  const Impl impl = effective_impl(p, options.impl, nullptr);
+  // The fused and naive kernels read and write every operand through its strides.
+  // Decode-sized queries go to the decode kernel, which serves plain attention only.
+  if ((impl == Impl::fast && (!detail::decode_applies(p) || p.variants.any())) ||
+      (impl == Impl::naive && detail::naive_reads_in_place(p))) {
+    const detail::ContiguousOutput o(out, "out", Copy::unless_flat, lead);
+    std::optional<detail::ContiguousOutput> l;
+    if (lse != nullptr) l.emplace(*lse, "lse", Copy::unless_flat, lead);
+    detail::bind_forward(p, o.ref(), l ? &l->ref() : nullptr);
+    if (impl == Impl::fast) {
+      detail::fast_forward(p);
+    } else {
+      check_naive_scratch(p, 1);
+      detail::naive_forward(p);
+    }
+    o.finish();
+    if (l) l->finish();
+    return;
+  }
+  // The float64 reference (the oracle), the decode kernel's adapter (short queries; it reads K
+  // and V in place only in C order) and naive on overlapping rows read C order: copies of every
+  // tensor that is not.
+  const detail::ContiguousInput q(in.q.ref(), "query"), k(in.k.ref(), "key"),
+      v(in.v.ref(), "value");
+  detail::Problem pc = detail::resolve_problem(q.ref(), k.ref(), v.ref(), in.mask(), options);
   const detail::ContiguousOutput o(out, "out");
   std::optional<detail::ContiguousOutput> l;
   if (lse != nullptr) l.emplace(*lse, "lse");
   void* lse_data = l ? l->data() : nullptr;
-  switch (effective_impl(p, options.impl, nullptr)) {
+  switch (impl) {
     case Impl::reference:
-      detail::reference_forward(p, o.data(), lse_data);
+      detail::reference_forward(pc, o.data(), lse_data);
       break;
     case Impl::fast:
-      // Short queries (decoding) read K and V in place (kernels/decode.cpp).
-      if (detail::decode_applies(p) && !p.variants.any()) {
-        detail::decode_forward(p, o.data(), lse_data);
-      } else {
-        detail::fast_forward(p, o.data(), lse_data);
-      }
+      detail::decode_forward(pc, o.data(), lse_data);
       break;
     case Impl::naive:
-      check_naive_scratch(p, 1);
-      detail::naive_forward(p, o.data(), lse_data);
+      detail::bind_forward(pc, o.ref(), l ? &l->ref() : nullptr);
+      check_naive_scratch(pc, 1);
+      detail::naive_forward(pc);
       break;
   }
   o.finish();
@@ -269,35 +313,56 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
     return;
   }
-  const detail::ContiguousInput q(query, "query"), k(key, "key"), v(value, "value");
-  std::optional<detail::ContiguousInput> m;
-  if (mask != nullptr) m.emplace(*mask, "mask", true);
-  const detail::ContiguousInput o(out, "out"), l(lse, "lse"), g(grad_out, "grad_out");
-  const detail::Problem p =
-      detail::resolve_problem(q.ref(), k.ref(), v.ref(), m ? &m->ref() : nullptr, options);
-  const detail::ContiguousOutput dq(grad_query, "grad_query"), dk(grad_key, "grad_key"),
-      dv(grad_value, "grad_value");
+  // The sinks' gradient (Hq values), written by every implementation into a C-order buffer.
   std::optional<detail::ContiguousOutput> ds;
   if (grad_sinks != nullptr) ds.emplace(*grad_sinks, "grad_sinks");
   void* ds_data = ds ? ds->data() : nullptr;
-  const void* go = g.ref().data;
-  switch (effective_impl(p, options.impl, go)) {
-    case Impl::reference:
-      detail::reference_backward(p, go, dq.data(), dk.data(), dv.data(), {}, ds_data);
-      break;
-    case Impl::fast:
-      detail::fast_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data(),
-                            ds_data);
-      break;
-    case Impl::naive:
-      check_naive_scratch(p, 2);
-      detail::naive_backward(p, o.ref().data, l.ref().data, go, dq.data(), dk.data(), dv.data());
-      break;
+  const std::size_t lead = checked.lead;
+  const KernelInputs in(query, key, value, mask, lead);
+  const detail::ContiguousInput o(out, "out", Copy::unless_flat, lead),
+      l(lse, "lse", Copy::unless_flat, lead), g(grad_out, "grad_out", Copy::unless_flat, lead);
+  detail::Problem p =
+      detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
+  {
+    // Bound before the range guard, which reads grad_out through p.dout. The gradients are
+    // bound to the caller's tensors only when written in place (below).
+    p.dout = detail::make_view<false>(g.ref(), lead, 1);
+    const Impl impl = effective_impl(p, options.impl, p.dout.data);
+    if (impl == Impl::fast || (impl == Impl::naive && detail::naive_reads_in_place(p))) {
+      const detail::ContiguousOutput dq(grad_query, "grad_query", Copy::unless_flat, lead),
+          dk(grad_key, "grad_key", Copy::unless_flat, lead),
+          dv(grad_value, "grad_value", Copy::unless_flat, lead);
+      detail::bind_backward(p, o.ref(), l.ref(), g.ref(), dq.ref(), dk.ref(), dv.ref());
+      if (impl == Impl::fast) {
+        detail::fast_backward(p, ds_data);
+      } else {
+        check_naive_scratch(p, 2);
+        detail::naive_backward(p);
+      }
+      dq.finish();
+      dk.finish();
+      dv.finish();
+      if (ds) ds->finish();
+      return;
+    }
+    // The float64 reference and naive on overlapping rows read C order.
+    const detail::ContiguousInput q(in.q.ref(), "query"), k(in.k.ref(), "key"),
+        v(in.v.ref(), "value"), oc(o.ref(), "out"), lc(l.ref(), "lse"), gc(g.ref(), "grad_out");
+    detail::Problem pc = detail::resolve_problem(q.ref(), k.ref(), v.ref(), in.mask(), options);
+    const detail::ContiguousOutput dq(grad_query, "grad_query"), dk(grad_key, "grad_key"),
+        dv(grad_value, "grad_value");
+    if (impl == Impl::reference) {
+      detail::reference_backward(pc, gc.ref().data, dq.data(), dk.data(), dv.data(), {}, ds_data);
+    } else {
+      detail::bind_backward(pc, oc.ref(), lc.ref(), gc.ref(), dq.ref(), dk.ref(), dv.ref());
+      check_naive_scratch(pc, 2);
+      detail::naive_backward(pc);
+    }
+    dq.finish();
+    dk.finish();
+    dv.finish();
+    if (ds) ds->finish();
   }
-  dq.finish();
-  dk.finish();
-  dv.finish();
-  if (ds) ds->finish();
 }
 
 }  // namespace sdpa

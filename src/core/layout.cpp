@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -50,7 +51,10 @@ void for_each_row(const std::vector<std::int64_t>& shape, const std::vector<std:
   }
 }
 
+std::atomic<std::int64_t> copies{0};
+
 void* allocate(std::int64_t bytes, const char* what) {
+  copies.fetch_add(1, std::memory_order_relaxed);
   check_allocation(bytes, fmt::format("a contiguous copy of {}", what));
   // 64-byte alignment, like sdpa::Array: the kernels load whole cache lines.
   const std::size_t size =
@@ -126,16 +130,25 @@ bool is_contiguous(const TensorRef& t) {
   return true;
 }
 
+std::int64_t layout_copies() { return copies.load(std::memory_order_relaxed); }
+
+bool leading_dims_flatten(const TensorRef& t, std::size_t lead) {
+  bool flat = true;
+  make_view<false>(t, lead, 1, &flat);
+  return flat;
+}
+
 void ContiguousInput::Free::operator()(void* p) const { std::free(p); }
 void ContiguousOutput::Free::operator()(void* p) const { std::free(p); }
 
-ContiguousInput::ContiguousInput(const TensorRef& t, const char* what, bool broadcast_ok)
+ContiguousInput::ContiguousInput(const TensorRef& t, const char* what, Copy when, std::size_t lead)
     : ref_(t) {
+  if (when == Copy::unless_flat && leading_dims_flatten(t, lead)) return;
   if (is_contiguous(t)) {
     ref_.strides.clear();
     return;
   }
-  if (broadcast_ok) {
+  if (when == Copy::mask) {
     for (std::size_t i = 0; i < ref_.shape.size(); ++i) {
       if (ref_.strides[i] == 0) ref_.shape[i] = 1;
     }
@@ -159,8 +172,10 @@ ContiguousInput::ContiguousInput(const TensorRef& t, const char* what, bool broa
   ref_.strides.clear();
 }
 
-ContiguousOutput::ContiguousOutput(const MutableTensorRef& t, const char* what) : target_(t) {
-  if (is_contiguous(t)) {
+ContiguousOutput::ContiguousOutput(const MutableTensorRef& t, const char* what, Copy when,
+                                   std::size_t lead)
+    : target_(t), ref_(t) {
+  if (is_contiguous(t) || (when == Copy::unless_flat && leading_dims_flatten(t, lead))) {
     data_ = t.data;
     return;
   }
@@ -168,6 +183,8 @@ ContiguousOutput::ContiguousOutput(const MutableTensorRef& t, const char* what) 
   const std::int64_t numel = checked_numel(t.shape, size, what);
   buffer_.reset(allocate(numel * static_cast<std::int64_t>(size), what));
   data_ = buffer_.get();
+  ref_.data = data_;
+  ref_.strides.clear();
 }
 
 void ContiguousOutput::finish() const {

@@ -1,9 +1,11 @@
-// Strided tensors (TensorRef::strides): validation, and the contiguous copies that the kernels
-// read when a call's tensors are not C-contiguous. The public calls (core/attention.cpp) check
-// every tensor's strides, then hand the implementations C-contiguous data: a strided input is
-// gathered into a buffer owned by the call, a strided output is computed into one and scattered
-// into place afterwards. Contiguous tensors (empty strides, or strides equal to C order) are used
-// where they lie.
+// Strided tensors (TensorRef::strides): validation, and the copies made for the few cases the
+// kernels do not read in place. The public calls (core/attention.cpp) check every tensor's
+// strides. The fused and naive kernels read and write every operand through its strides
+// (core/problem.h, OperandView), so a tensor is copied for them only when its leading batch
+// dimensions do not flatten into one stride (Copy::unless_flat: a transposed pair of batch
+// dimensions, say). The float64 reference and the decode kernel read C order, so their calls
+// copy every tensor that is not (Copy::unless_c_order). A copied input is gathered into a buffer
+// owned by the call; a copied output is computed into one and scattered into place afterwards.
 #pragma once
 
 #include <cstddef>
@@ -25,12 +27,27 @@ void check_strides(const TensorRef& t, const char* what, bool output);
 /// along dimensions of size 1 (whose stride never matters).
 bool is_contiguous(const TensorRef& t);
 
-/// A C-contiguous view of a tensor: the tensor itself when it already is one, else a copy.
+/// True when the first `lead` dimensions of `t` flatten into one stride (see make_view in
+/// core/problem.h); always true for empty strides.
+bool leading_dims_flatten(const TensorRef& t, std::size_t lead);
+
+/// When a tensor is copied:
+///   unless_c_order: unless it is C-contiguous (is_contiguous);
+///   unless_flat: unless its first `lead` dimensions flatten (leading_dims_flatten): the
+///     kernels read any other strides in place;
+///   mask: unless it is C-contiguous once its stride-0 dimensions become size 1 (a broadcast
+///     view), which the API broadcasts itself.
+enum class Copy : std::uint8_t { unless_c_order, unless_flat, mask };
+
+/// Number of copies ContiguousInput and ContiguousOutput have made in this process (input
+/// gathers and output buffers), for tests that assert a call copies nothing.
+std::int64_t layout_copies();
+
+/// The tensor itself when `when` allows, else a C-contiguous copy.
 class ContiguousInput {
  public:
-  /// `broadcast_ok`: dimensions of stride 0 (a broadcast view) become size 1 instead of being
-  /// copied; for a mask, which the API broadcasts itself.
-  ContiguousInput(const TensorRef& t, const char* what, bool broadcast_ok = false);
+  ContiguousInput(const TensorRef& t, const char* what, Copy when = Copy::unless_c_order,
+                  std::size_t lead = 0);
   const TensorRef& ref() const { return ref_; }
 
  private:
@@ -41,12 +58,16 @@ class ContiguousInput {
   std::unique_ptr<void, Free> buffer_;
 };
 
-/// Where a kernel writes an output: the output itself when C-contiguous, else a buffer that
-/// finish() scatters into the caller's strided tensor.
+/// Where a kernel writes an output: the output itself when `when` allows (unless_c_order or
+/// unless_flat, as for ContiguousInput), else a C-contiguous buffer that finish() scatters into
+/// the caller's tensor.
 class ContiguousOutput {
  public:
-  ContiguousOutput(const MutableTensorRef& t, const char* what);
+  ContiguousOutput(const MutableTensorRef& t, const char* what, Copy when = Copy::unless_c_order,
+                   std::size_t lead = 0);
   void* data() const { return data_; }
+  /// What the kernel writes: the caller's tensor, or the buffer (C-contiguous).
+  const MutableTensorRef& ref() const { return ref_; }
   /// Copies the buffer into the caller's tensor (nothing to do when it was written in place).
   void finish() const;
 
@@ -55,6 +76,7 @@ class ContiguousOutput {
     void operator()(void* p) const;
   };
   MutableTensorRef target_;
+  MutableTensorRef ref_;
   void* data_ = nullptr;
   std::unique_ptr<void, Free> buffer_;
 };

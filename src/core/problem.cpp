@@ -31,6 +31,73 @@ std::int64_t dim(const TensorRef& t, int from_end) {
 
 }  // namespace
 
+template <bool kWritable>
+OperandView<kWritable> make_view(const TensorRef& t, std::size_t lead, int features, bool* flat) {
+  const std::size_t rank = t.shape.size();
+  std::vector<std::int64_t> strides = t.strides;
+  if (strides.size() != rank) {  // C order
+    strides.assign(rank, 1);
+    for (std::size_t i = rank; i-- > 1;) strides[i - 1] = strides[i] * t.shape[i];
+  }
+  OperandView<kWritable> v;
+  v.dtype = t.dtype;
+  const std::size_t f = static_cast<std::size_t>(features);
+  if (rank >= 1 + f) v.sl = strides[rank - 1 - f];
+  if (rank >= 2 + f + lead) v.sh = strides[rank - 2 - f];
+  // The flattened batch stride: the stride of the last leading dimension of size > 1, each
+  // earlier one of size > 1 stepping over exactly the extent of the next.
+  bool ok = true;
+  std::int64_t prev = -1;  // index of the previous leading dimension of size > 1
+  for (std::size_t i = 0; i < lead && i < rank; ++i) {
+    if (t.shape[i] <= 1) continue;
+    if (prev >= 0) {
+      const auto pi = static_cast<std::size_t>(prev);
+      ok = ok && strides[pi] == strides[i] * t.shape[i];
+    }
+    prev = static_cast<std::int64_t>(i);
+  }
+  v.sb = prev >= 0 ? strides[static_cast<std::size_t>(prev)] : 0;
+  if (flat != nullptr) *flat = ok;
+  if (ok) v.data = const_cast<typename OperandView<kWritable>::Pointer>(t.data);
+  return v;
+}
+template InputView make_view<false>(const TensorRef&, std::size_t, int, bool*);
+template OutputView make_view<true>(const TensorRef&, std::size_t, int, bool*);
+
+namespace {
+
+template <bool kWritable>
+OperandView<kWritable> bound_view(const TensorRef& t, std::size_t lead, int features,
+                                  const char* what) {
+  bool flat = true;
+  OperandView<kWritable> v = make_view<kWritable>(t, lead, features, &flat);
+  if (!flat) {
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("internal: strides {} of shape {} do not flatten its {} leading "
+                            "dimensions (a copy should have been made)",
+                            shape_string(t.strides), shape_string(t.shape), lead));
+  }
+  return v;
+}
+
+}  // namespace
+
+void bind_forward(Problem& p, const MutableTensorRef& out, const MutableTensorRef* lse) {
+  p.out = bound_view<true>(out, p.lead, 1, "out");
+  p.lse = lse != nullptr ? bound_view<true>(*lse, p.lead, 0, "lse") : OutputView{};
+}
+
+void bind_backward(Problem& p, const TensorRef& out, const TensorRef& lse,
+                   const TensorRef& grad_out, const MutableTensorRef& dq,
+                   const MutableTensorRef& dk, const MutableTensorRef& dv) {
+  p.fwd_out = bound_view<false>(out, p.lead, 1, "out");
+  p.fwd_lse = bound_view<false>(lse, p.lead, 0, "lse");
+  p.dout = bound_view<false>(grad_out, p.lead, 1, "grad_out");
+  p.dq = bound_view<true>(dq, p.lead, 1, "grad_query");
+  p.dk = bound_view<true>(dk, p.lead, 1, "grad_key");
+  p.dv = bound_view<true>(dv, p.lead, 1, "grad_value");
+}
+
 void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_t>& shape,
                   const char* what) {
   if (t.dtype != dtype) {
@@ -136,6 +203,10 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   p.query = query.data;
   p.key = key.data;
   p.value = value.data;
+  p.lead = rank >= 3 ? rank - 3 : 0;
+  p.q = make_view<false>(query, p.lead, 1);
+  p.k = make_view<false>(key, p.lead, 1);
+  p.v = make_view<false>(value, p.lead, 1);
 
   if (mask != nullptr) {
     const TensorRef& m = *mask;

@@ -2,9 +2,16 @@
 //
 // The public API takes shapes as vectors; resolve_problem() validates them once (every error
 // message is produced here) and flattens the leading batch dimensions into B, so that an
-// implementation only ever sees (B, Hq, L, E) etc. in C order:
-//   query  [B][Hq][L][E]     key [B][Hkv][S][E]     value [B][Hkv][S][Ev]
-//   out    [B][Hq][L][Ev]    lse [B][Hq][L]
+// implementation only ever sees (B, Hq, L, E) etc.:
+//   query  (B, Hq, L, E)     key (B, Hkv, S, E)     value (B, Hkv, S, Ev)
+//   out    (B, Hq, L, Ev)    lse (B, Hq, L)
+// each operand described by an OperandView: its own strides along the batch, head and row
+// dimensions (any values >= 0, 0 along a broadcast input dimension) and a contiguous last
+// dimension, so that (B, H, L, E) tensors, (B, L, H, E) views and slices of a packed QKV
+// projection are read where they lie. The fused and naive kernels read and write every operand
+// through its view; the float64 reference and the decode kernel's adapter read the legacy
+// pointers query, key and value (and the pointers they are passed) as C order, so they are only
+// handed problems resolved from C-contiguous tensors (core/attention.cpp makes those copies).
 // The mask keeps its own broadcast strides (0 along broadcast dimensions).
 #pragma once
 
@@ -13,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/variants.h"
@@ -44,10 +52,76 @@ struct MaskView {
         return static_cast<const float*>(data)[i];
       case DType::float64:
         return static_cast<const double*>(data)[i];
+      case DType::float16:  // refused for masks by resolve_problem
+      case DType::bfloat16:
+        break;
     }
     return 0.0;
   }
 };
+
+/// Where one operand's elements lie: element (b, h, l, e) of an operand of dimensions
+/// (B, H, L, E) (flattened batch, heads, rows, features) is at
+///   static_cast<T*>(data) + b * sb + h * sh + l * sl + e        (in elements of dtype)
+/// lse has no feature dimension: (b, h, l) is at data + b * sb + h * sh + l * sl.
+/// Strides are >= 0; an input may repeat elements (stride 0: a broadcast head or batch), an
+/// output never does (core/layout.cpp checks it). kWritable: an output (void*), else const.
+template <bool kWritable>
+struct OperandView {
+  using Pointer = std::conditional_t<kWritable, void*, const void*>;
+  Pointer data = nullptr;  // null: absent (lse not asked for), or not viewable (see make_view)
+  DType dtype = DType::float32;
+  std::int64_t sb = 0, sh = 0, sl = 0;
+
+  std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t l) const {
+    return b * sb + h * sh + l * sl;
+  }
+  /// The first element of row (b, h, l), typed.
+  template <class T>
+  auto row(std::int64_t b, std::int64_t h, std::int64_t l) const {
+    using P = std::conditional_t<kWritable, T*, const T*>;
+    return static_cast<P>(data) + offset(b, h, l);
+  }
+  /// True when the operand is C order for (B, H, L, width): its rows follow each other densely.
+  bool c_order(std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t width) const {
+    return (L <= 1 || sl == width) && (H <= 1 || sh == L * width) &&
+           (B <= 1 || sb == H * L * width);
+  }
+};
+
+/// Calls run(pointer, n) over every element of a (B, H, L, width) input view, in runs of n
+/// contiguous elements: one run when the view is C order, one per (b, h) when each head is,
+/// else one per row. (A broadcast dimension's elements are visited once per index.)
+template <class T, class F>
+void for_each_run(const OperandView<false>& v, std::int64_t B, std::int64_t H, std::int64_t L,
+                  std::int64_t width, F&& run) {
+  if (B <= 0 || H <= 0 || L <= 0 || width <= 0) return;
+  if (v.c_order(B, H, L, width)) {
+    run(v.template row<T>(0, 0, 0), B * H * L * width);
+    return;
+  }
+  const bool head_dense = L <= 1 || v.sl == width;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      if (head_dense) {
+        run(v.template row<T>(b, h, 0), L * width);
+        continue;
+      }
+      for (std::int64_t l = 0; l < L; ++l) run(v.template row<T>(b, h, l), width);
+    }
+  }
+}
+using InputView = OperandView<false>;
+using OutputView = OperandView<true>;
+
+/// The view of tensor `t` with `lead` leading batch dimensions, then (when it has them) a head
+/// dimension, a row dimension and `features` (1, or 0 for lse) last dimensions, by t.strides (C
+/// order when empty). The leading dimensions must flatten into one stride (each dimension of
+/// size > 1 steps over exactly the extent of the next one, or all have stride 0); when they do
+/// not, the view's data is null and *flat is false: the caller hands over a copy instead.
+template <bool kWritable>
+OperandView<kWritable> make_view(const TensorRef& t, std::size_t lead, int features,
+                                 bool* flat = nullptr);
 
 struct Problem {
   std::int64_t B = 1, Hq = 1, Hkv = 1, L = 0, S = 0, E = 0, Ev = 0;
@@ -56,12 +130,25 @@ struct Problem {
   Causal causal = Causal::none;
   DType dtype = DType::float32;  // of query, key, value and every output
   int threads = 1;               // resolved, >= 1
+  std::size_t lead = 0;          // leading batch dimensions of every operand (flattened into B)
   MaskView mask;
   Variants variants;  // window, softcap, ALiBi, sinks, dropout (core/variants.h)
 
+  // The inputs' data pointers, read as C order by the float64 reference and the decode
+  // adapter (see the top of this file). = q.data, k.data, v.data.
   const void* query = nullptr;
   const void* key = nullptr;
   const void* value = nullptr;
+
+  // The inputs, set by resolve_problem (data null for a tensor whose leading dimensions do not
+  // flatten: see make_view). In the fused and naive kernels these are what is read.
+  InputView q, k, v;
+  // Forward outputs (lse.data null when not asked for), set by bind_forward.
+  OutputView out, lse;
+  // Backward operands, set by bind_backward: the forward's out and lse, grad_out, and the
+  // gradients written.
+  InputView fwd_out, fwd_lse, dout;
+  OutputView dq, dk, dv;
 
   /// Keys s with s <= last_causal_key(l) are allowed by the causal rule (all keys when
   /// causal is none). The result may be negative (no key) or >= S (every key).
@@ -95,6 +182,14 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
 /// Validates the options' variants (window, softcap, ALiBi slopes, sinks, dropout) against the
 /// resolved shape and fills p.variants (pointing into `options`). Called by resolve_problem.
 void resolve_variants(Problem& p, const AttentionOptions& options);
+
+/// Sets p.out and p.lse (lse may be null) from the caller's output tensors, whose leading
+/// dimensions must flatten (make_view); throws sdpa::Error naming the tensor otherwise.
+void bind_forward(Problem& p, const MutableTensorRef& out, const MutableTensorRef* lse);
+/// Sets the backward operands of p likewise.
+void bind_backward(Problem& p, const TensorRef& out, const TensorRef& lse,
+                   const TensorRef& grad_out, const MutableTensorRef& dq,
+                   const MutableTensorRef& dk, const MutableTensorRef& dv);
 
 /// Bytes of memory this process can still get: MemAvailable + SwapFree, or less when its cgroup
 /// limits it; INT64_MAX when unknown.

@@ -162,6 +162,10 @@ std::string descr_for(DType dtype) {
       return "<f8";
     case DType::boolean:
       return "|b1";
+    case DType::float16:
+      return "<f2";
+    case DType::bfloat16:  // NumPy has no bfloat16: its bit patterns as uint16 (docs/precision.md)
+      return "<u2";
   }
   return "";
 }
@@ -245,13 +249,18 @@ NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
     dtype = DType::float64;
   } else if (descr == "|b1") {
     dtype = DType::boolean;
+  } else if (descr == "<f2") {
+    dtype = DType::float16;
+  } else if (descr == "<u2") {
+    // sdpa has no integer tensors: a uint16 array holds bfloat16 bit patterns (the convention
+    // of docs/precision.md, NumPy having no bfloat16).
+    dtype = DType::bfloat16;
   } else {
     throw Error(
         ErrorKind::bad_type, path,
-        fmt::format(
-            "unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8' or bool "
-            "'|b1')",
-            descr));
+        fmt::format("unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8', "
+                    "float16 '<f2', bfloat16 bits as uint16 '<u2' or bool '|b1')",
+                    descr));
   }
   if (fortran) {
     throw Error(ErrorKind::bad_type, path,

@@ -11,26 +11,32 @@
 // 2 * (E + Ev) flops per key and query row, against (E + Ev) * sizeof(T) bytes per key read
 // from memory, so for G * L rows (G = Hq / Hkv) the work is ~G * L / 2 flops per byte of
 // float32: far below what the FMA units could use (~10 flops per byte at 400 GFLOP/s and
-// 40 GB/s). The only thing that matters is to read every K/V byte once, at streaming speed. The
-// fused kernel cannot: it packs a transposed copy of K on every call (a read and a write of K
-// before any work), and its 64-row query tiles are mostly empty.
+// 40 GB/s). What matters is to read every K/V byte once, at streaming speed, and to spend few
+// instructions per byte. The fused kernel cannot: it packs a transposed copy of K on every call
+// (a read and a write of K before any work), and its 64-row query tiles are mostly empty.
 //
-// Design. Work item = (sequence b, kv head, chunk of keys). An item takes the G * L query rows
-// of its GQA group (scaled by `scale` once) and walks its chunk in tiles of kDecodeTile keys:
-//   pass 1: scores. Dot products along E (vectorised along E, four keys at a time so that four
-//           independent FMA chains are in flight), read from K where it lies: one K row is
-//           E contiguous elements, whatever the layout or paging around it. The K tile
-//           (32 keys: 16 KiB at E = 128 float32) stays in L1 while every row of the group
-//           uses it, so K is read from memory once per group.
-//   pass 2: mask and online softmax per row (Milakov & Gimelshein 2018; FlashAttention-2,
-//           Dao 2023, Algorithm 1 lines 8-10): running max from -inf, P = exp(S - m), running
-//           sum, the accumulator rescaled only when the max moved.
-//   pass 3: acc += P V, vectorised along Ev, four vectors of acc in registers for the whole
-//           tile; a key whose probability is exactly 0 (masked) is skipped, so a NaN stored in
-//           a masked value row never reaches the output.
-// No software prefetch: prefetching the next tile's K and V rows (into L1 or L2) measured 10%
-// slower per CPU-second than none (7.2 against 8.2 GB/s of K/V on one Zen 5 thread, S = 32768,
-// three alternating rounds), in both layouts; a tile of 16 keys measured level with 32.
+// Design. Work item = (sequence b, group of kv heads, chunk of keys). An item takes the query
+// rows of its kv heads (G * L per head, scaled by `scale` once) and walks its chunk in tiles
+// of kDecodeTile keys:
+//   pack:   the tile's K and V rows of the item's heads are copied, in memory order, into a
+//           contiguous, zero-padded buffer (E and Ev rounded up to whole vectors, missing keys
+//           as zero rows). In a cache (S, Hkv, E) the rows of one head are Hkv * E elements
+//           apart: 4 KiB at Hkv = 8, E = 128 float32, so the 16 rows of a tile fall into the
+//           same L1 set and do not stay in a 12-way L1 while the G rows of the group reuse
+//           them; copied, they do. The copy reads memory sequentially (every head of a
+//           position, then the next position), which the hardware prefetchers follow, and costs
+//           one store per loaded vector (~10% of the instructions at E = 128, G = 4).
+//   scores: for one query row and N keys (N = lanes), N accumulators along E (one vertical FMA
+//           per key and vector of E: no horizontal sum per key), then one transpose-and-add
+//           tree, log2(N) levels of ConcatEven + ConcatOdd + Add, turns the N accumulators
+//           into one vector holding the N scores (3 (N - 1) operations per N keys, against
+//           ~2 log2(N) per key for a horizontal sum each).
+//   softmax: online, per row (Milakov & Gimelshein 2018; FlashAttention-2, Dao 2023,
+//           Algorithm 1 lines 8-10): running max from -inf, P = exp(S - m), running sum; the
+//           accumulator's rescale is folded into the P V pass and done only when the max moved.
+//   P V:    acc += P V with up to eight vectors of acc in registers for the tile; keys whose
+//           probability is exactly 0 (masked) are skipped, so a NaN stored in a masked value
+//           row never reaches the output.
 //
 // Chunk rule and determinism. The keys of a sequence of length S are cut into
 // n = ceil(S / c) chunks of c = decode_chunk_keys(S) keys: at most kDecodeMaxChunks, at least
@@ -39,12 +45,13 @@
 //   M = max_c m_c,   l = sum_c exp(m_c - M) l_c,   out = sum_c exp(m_c - M) acc_c / l,
 //   lse = M + log(l).
 // A chunk that saw no visible key has m_c = -inf and is skipped, so the merge is exact (no
-// exp(-inf - -inf)); a row with M = -inf gives zeros and lse = -inf. Neither the cut nor the
-// order of any sum depends on the thread count or on which thread runs an item.
+// exp(-inf - -inf)); a row with M = -inf gives zeros and lse = -inf. The head groups depend on
+// the shape only. Neither the cut nor the order of any sum depends on the thread count or on
+// which thread runs an item.
 //
-// Memory traffic: K and V once per GQA group, plus the partials (G * L * (Ev + 2) values per
+// Memory traffic: K and V once per GQA group, plus the partials (Hq * L * (Ev + 2) values per
 // chunk, 0.1% of K/V at S = 32768, E = 128, L = 1). Extra memory: those partials and, per
-// thread, the scaled queries and one tile of scores.
+// thread, the scaled queries, one packed tile (<= kDecodePackBytes) and one row of scores.
 #include "kernels/decode.h"
 
 #include <algorithm>
@@ -53,6 +60,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "kernels/flash_common.h"
 #include "kernels/workspace.h"
@@ -61,8 +69,9 @@
 #define HWY_TARGET_INCLUDE "kernels/decode.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "kernels/gemm-inl.h"  // RowMax, ExpShiftSum, ScaleRow (n % Lanes == 0)
+#include "kernels/gemm-inl.h"  // RowMax, ExpShiftSum (n % Lanes == 0)
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
@@ -75,111 +84,168 @@ using std::size_t;
 template <typename T>
 constexpr T kDecodeNegInf = -std::numeric_limits<T>::infinity();
 
-// out[i] = q . k_i over E elements, for four keys at once (four independent FMA chains).
-template <typename T>
-HWY_INLINE void Dot4(const T* HWY_RESTRICT q, const T* k0, const T* k1, const T* k2, const T* k3,
-                     int64_t E, T* out) {
-  const hn::ScalableTag<T> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  int64_t e = 0;
-  for (; e + N <= E; e += N) {
-    const auto qv = hn::LoadU(d, q + e);
-    a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
-    a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
-    a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
-    a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
+// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the partial sums
+// of that input, in input order; K = N gives lane j = sum of the lanes of a[j]. Each level
+// puts the pairwise sums of a's lanes in the lower half and those of b in the upper half. The
+// 1-lane SCALAR target has no ConcatEven and needs no tree.
+template <size_t K>
+struct Tree {
+#if HWY_TARGET != HWY_SCALAR
+  template <class D, class V>
+  static HWY_INLINE V Run(D d, const V* a) {
+    const V lo = Tree<K / 2>::Run(d, a), hi = Tree<K / 2>::Run(d, a + K / 2);
+    return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
   }
-  T t0 = 0, t1 = 0, t2 = 0, t3 = 0;
-  for (; e < E; ++e) {
-    t0 += q[e] * k0[e];
-    t1 += q[e] * k1[e];
-    t2 += q[e] * k2[e];
-    t3 += q[e] * k3[e];
+#endif
+};
+template <>
+struct Tree<1> {
+  template <class D, class V>
+  static HWY_INLINE V Run(D, const V* a) {
+    return a[0];
   }
-  out[0] = hn::GetLane(hn::SumOfLanes(d, a0)) + t0;
-  out[1] = hn::GetLane(hn::SumOfLanes(d, a1)) + t1;
-  out[2] = hn::GetLane(hn::SumOfLanes(d, a2)) + t2;
-  out[3] = hn::GetLane(hn::SumOfLanes(d, a3)) + t3;
+};
+
+// scores[j] = q . k_j for the N keys k_j = kt + j * C * N (C * N elements each, zero-padded
+// like q). kC > 0 is C known at compile time (E = 64 or 128, the common head sizes): q then
+// stays in registers and every K address is one base plus a constant, which frees the
+// registers that 16 row pointers would take.
+template <int kC, class D, typename T>
+HWY_INLINE void ScoresN(D d, const T* HWY_RESTRICT q, const T* HWY_RESTRICT kt, int64_t C_rt,
+                        T* HWY_RESTRICT scores) {
+  constexpr size_t N = hn::MaxLanes(D());
+  constexpr int64_t NN = static_cast<int64_t>(N);
+  using V = hn::Vec<D>;
+  V acc[N];
+  if constexpr (kC > 0) {
+    V qv[kC];
+    for (int c = 0; c < kC; ++c) qv[c] = hn::LoadU(d, q + c * NN);
+    for (size_t j = 0; j < N; ++j) {
+      const T* k = kt + static_cast<int64_t>(j) * kC * NN;
+      V a = hn::Mul(qv[0], hn::LoadU(d, k));
+      for (int c = 1; c < kC; ++c) a = hn::MulAdd(qv[c], hn::LoadU(d, k + c * NN), a);
+      acc[j] = a;
+    }
+  } else {
+    const int64_t ld = C_rt * NN;
+    for (size_t j = 0; j < N; ++j) acc[j] = hn::Zero(d);
+    for (int64_t e = 0; e < ld; e += NN) {
+      const V qv = hn::LoadU(d, q + e);
+      for (size_t j = 0; j < N; ++j) {
+        acc[j] = hn::MulAdd(qv, hn::LoadU(d, kt + static_cast<int64_t>(j) * ld + e), acc[j]);
+      }
+    }
+  }
+  hn::StoreU(Tree<N>::Run(d, acc), d, scores);
 }
 
-template <typename T>
-HWY_INLINE T Dot1(const T* HWY_RESTRICT q, const T* k, int64_t E) {
+// acc[0..C * N) = alpha * acc + sum_i p[idx[i]] * v_{idx[i]} over the n keys listed in idx
+// (those with a nonzero probability); v_j = vt + j * C * N. Up to eight vectors of acc stay in
+// registers over all keys; kC > 0 is C known at compile time.
+template <int kC, typename T>
+HWY_INLINE void AccumulatePV(const T* HWY_RESTRICT p, const int* HWY_RESTRICT idx, int64_t n,
+                             const T* HWY_RESTRICT vt, int64_t C_rt, T alpha, T* HWY_RESTRICT acc) {
   const hn::ScalableTag<T> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto a = hn::Zero(d);
-  int64_t e = 0;
-  for (; e + N <= E; e += N) a = hn::MulAdd(hn::LoadU(d, q + e), hn::LoadU(d, k + e), a);
-  T t = 0;
-  for (; e < E; ++e) t += q[e] * k[e];
-  return hn::GetLane(hn::SumOfLanes(d, a)) + t;
-}
-
-// acc[0..Ev) += sum_j p[j] * v_j[0..Ev) over j < n, skipping p[j] == 0; four vectors of acc
-// stay in registers for the whole run of keys.
-template <typename T>
-HWY_INLINE void AccumulatePV(const T* HWY_RESTRICT p, const T* const* v, int64_t n, int64_t Ev,
-                             T* HWY_RESTRICT acc) {
-  const hn::ScalableTag<T> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t e = 0;
-  for (; e + 4 * N <= Ev; e += 4 * N) {
-    auto a0 = hn::LoadU(d, acc + e), a1 = hn::LoadU(d, acc + e + N);
-    auto a2 = hn::LoadU(d, acc + e + 2 * N), a3 = hn::LoadU(d, acc + e + 3 * N);
-    for (int64_t j = 0; j < n; ++j) {
-      if (p[j] == T(0)) continue;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+  const int64_t C = kC > 0 ? kC : C_rt;
+  const int64_t ld = C * N;
+  const auto va = hn::Set(d, alpha);
+  const bool rescale = alpha != T(1);
+  int64_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    using V = hn::Vec<decltype(d)>;
+    V a[8];
+    for (int u = 0; u < 8; ++u) a[u] = hn::LoadU(d, acc + (c + u) * N);
+    if (rescale) {
+      for (int u = 0; u < 8; ++u) a[u] = hn::Mul(a[u], va);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int j = idx[i];
       const auto pj = hn::Set(d, p[j]);
-      const T* vr = v[j] + e;
-      a0 = hn::MulAdd(pj, hn::LoadU(d, vr), a0);
-      a1 = hn::MulAdd(pj, hn::LoadU(d, vr + N), a1);
-      a2 = hn::MulAdd(pj, hn::LoadU(d, vr + 2 * N), a2);
-      a3 = hn::MulAdd(pj, hn::LoadU(d, vr + 3 * N), a3);
+      const T* vr = vt + j * ld + c * N;
+      for (int u = 0; u < 8; ++u) a[u] = hn::MulAdd(pj, hn::LoadU(d, vr + u * N), a[u]);
     }
-    hn::StoreU(a0, d, acc + e);
-    hn::StoreU(a1, d, acc + e + N);
-    hn::StoreU(a2, d, acc + e + 2 * N);
-    hn::StoreU(a3, d, acc + e + 3 * N);
+    for (int u = 0; u < 8; ++u) hn::StoreU(a[u], d, acc + (c + u) * N);
   }
-  for (; e + N <= Ev; e += N) {
-    auto a = hn::LoadU(d, acc + e);
-    for (int64_t j = 0; j < n; ++j) {
-      if (p[j] != T(0)) a = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v[j] + e), a);
+  for (; c + 2 <= C; c += 2) {
+    auto a0 = hn::LoadU(d, acc + c * N), a1 = hn::LoadU(d, acc + c * N + N);
+    if (rescale) a0 = hn::Mul(a0, va), a1 = hn::Mul(a1, va);
+    for (int64_t i = 0; i < n; ++i) {
+      const int j = idx[i];
+      const auto pj = hn::Set(d, p[j]);
+      a0 = hn::MulAdd(pj, hn::LoadU(d, vt + j * ld + c * N), a0);
+      a1 = hn::MulAdd(pj, hn::LoadU(d, vt + j * ld + c * N + N), a1);
     }
-    hn::StoreU(a, d, acc + e);
+    hn::StoreU(a0, d, acc + c * N), hn::StoreU(a1, d, acc + c * N + N);
   }
-  for (; e < Ev; ++e) {
-    T a = acc[e];
-    for (int64_t j = 0; j < n; ++j) {
-      if (p[j] != T(0)) a += p[j] * v[j][e];
+  for (; c < C; ++c) {
+    auto a = hn::LoadU(d, acc + c * N);
+    if (rescale) a = hn::Mul(a, va);
+    for (int64_t i = 0; i < n; ++i) {
+      a = hn::MulAdd(hn::Set(d, p[idx[i]]), hn::LoadU(d, vt + idx[i] * ld + c * N), a);
     }
-    acc[e] = a;
+    hn::StoreU(a, d, acc + c * N);
   }
 }
+
+// dst[0..n) = src[0..n) converted to T.
+template <typename T, typename Tc>
+HWY_INLINE void CopyRow(const Tc* HWY_RESTRICT src, int64_t n, T* HWY_RESTRICT dst) {
+  if constexpr (std::is_same_v<T, Tc>) {
+    const hn::ScalableTag<T> d;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    int64_t e = 0;
+    for (; e + 4 * N <= n; e += 4 * N) {
+      const auto x0 = hn::LoadU(d, src + e), x1 = hn::LoadU(d, src + e + N);
+      const auto x2 = hn::LoadU(d, src + e + 2 * N), x3 = hn::LoadU(d, src + e + 3 * N);
+      hn::StoreU(x0, d, dst + e), hn::StoreU(x1, d, dst + e + N);
+      hn::StoreU(x2, d, dst + e + 2 * N), hn::StoreU(x3, d, dst + e + 3 * N);
+    }
+    for (; e + N <= n; e += N) hn::StoreU(hn::LoadU(d, src + e), d, dst + e);
+    for (; e < n; ++e) dst[e] = src[e];
+  } else {
+    static_assert(std::is_same_v<T, Tc>, "no conversion for this cache type");
+  }
+}
+
+// The sizes of one item's per-thread scratch, fixed per call.
+struct Dims {
+  int64_t G, L, E, Ev, Epad, Evpad, ldv, heads_per_item, rows_per_item;
+};
+
+struct Segment {
+  const char* p;
+  int64_t bytes;
+};
 
 template <typename T>
 struct Scratch {
-  T* qs;             // [R][E]: the group's query rows times scale
-  T* s;              // [R][kDecodeTile]: scores, then probabilities
-  int64_t* last;     // [R]: last visible key of each row (may be < 0)
-  int64_t* visible;  // [R]: keys of the current tile the row sees before the mask
-  const T** kp;      // [kDecodeTile]: K row pointers of this tile
-  const T** vp;      // [kDecodeTile]
+  T* qs;          // [rows_per_item][Epad]: the item's query rows times scale, zero-padded
+  T* kt;          // [heads_per_item][kDecodeTile][Epad]: the packed K tile
+  T* vt;          // [heads_per_item][kDecodeTile][Evpad]
+  T* s;           // [kDecodeTile]: scores, then probabilities, of one row
+  int* nz;        // [kDecodeTile]: keys of the tile with a nonzero probability
+  int* iota;      // [kDecodeTile]: 0, 1, 2, ...
+  int64_t* last;  // [rows_per_item]: last visible key of each row (may be < 0)
+  Segment* pf;    // [2 * heads_per_item * kDecodeTile]: the next tile's K and V rows
 
-  static size_t Carve(Carver& c, int64_t R, int64_t E, Scratch* out) {
+  static size_t Carve(Carver& c, const Dims& m, Scratch* out) {
     Scratch w;
-    w.qs = c.take<T>(static_cast<size_t>(R * E));
-    w.s = c.take<T>(static_cast<size_t>(R * kDecodeTile));
-    w.last = c.take<int64_t>(static_cast<size_t>(R));
-    w.visible = c.take<int64_t>(static_cast<size_t>(R));
-    w.kp = c.take<const T*>(kDecodeTile);
-    w.vp = c.take<const T*>(kDecodeTile);
+    w.qs = c.take<T>(static_cast<size_t>(m.rows_per_item * m.Epad));
+    w.kt = c.take<T>(static_cast<size_t>(m.heads_per_item * kDecodeTile * m.Epad));
+    w.vt = c.take<T>(static_cast<size_t>(m.heads_per_item * kDecodeTile * m.Evpad));
+    w.s = c.take<T>(kDecodeTile);
+    w.nz = c.take<int>(kDecodeTile);
+    w.iota = c.take<int>(kDecodeTile);
+    w.last = c.take<int64_t>(static_cast<size_t>(m.rows_per_item));
+    w.pf = c.take<Segment>(static_cast<size_t>(2 * m.heads_per_item * kDecodeTile));
     if (out != nullptr) *out = w;
     return c.used();
   }
 };
 
 struct Item {
-  int64_t b, hkv, s0, s1, index;  // keys [s0, s1) of sequence b, kv head hkv; partial `index`
+  int64_t b, h0, nh, s0, s1, slot;  // keys [s0, s1) of sequence b, kv heads [h0, h0 + nh)
 };
 
 int64_t LastKey(const DecodeProblem& p, int64_t S, int64_t l) {
@@ -194,90 +260,156 @@ int64_t LastKey(const DecodeProblem& p, int64_t S, int64_t l) {
   return S - 1;
 }
 
-// Row pointers of keys s0 .. s0 + n of sequence b, head hkv.
-template <typename T>
-void KeyRows(const DecodeProblem& p, int64_t b, int64_t hkv, int64_t s0, int64_t n, const T** kp,
-             const T** vp) {
-  const T* k = static_cast<const T*>(p.k) + hkv * p.k_head;
-  const T* v = static_cast<const T*>(p.v) + hkv * p.v_head;
-  int64_t block = s0 / p.page_size, off = s0 % p.page_size;
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t page = p.block_table != nullptr ? p.block_table[b * p.max_blocks + block] : b;
-    kp[j] = k + page * p.k_page + off * p.k_row;
-    vp[j] = v + page * p.v_page + off * p.v_row;
-    if (++off == p.page_size) {
-      off = 0;
-      ++block;
+// Element offsets of row s of sequence b in the K and V caches (head 0).
+void RowOffsets(const DecodeProblem& p, int64_t b, int64_t s, int64_t* ko, int64_t* vo) {
+  const int64_t block = s / p.page_size, off = s % p.page_size;
+  const int64_t page = p.block_table != nullptr ? p.block_table[b * p.max_blocks + block] : b;
+  *ko = page * p.k_page + off * p.k_row;
+  *vo = page * p.v_page + off * p.v_row;
+}
+
+// Copies keys [s0, s0 + kc) of sequence b, kv heads [h0, h0 + nh), into the packed tile; rows
+// kc.. of the tile become zero. The walk follows memory: position-major when the heads of one
+// position lie together (the cache layouts), head-major when each head's rows do (B, Hkv, S, E).
+template <typename T, typename Tc>
+void PackTile(const DecodeProblem& p, const Dims& m, const Item& it, int64_t s0, int64_t kc, T* kt,
+              T* vt) {
+  const Tc* k = static_cast<const Tc*>(p.k);
+  const Tc* v = static_cast<const Tc*>(p.v);
+  const auto copy = [&](int64_t j, int64_t hh, int64_t ko, int64_t vo) {
+    const int64_t h = it.h0 + hh;
+    CopyRow(k + ko + h * p.k_head, m.E, kt + (hh * kDecodeTile + j) * m.Epad);
+    CopyRow(v + vo + h * p.v_head, m.Ev, vt + (hh * kDecodeTile + j) * m.Evpad);
+  };
+  if (p.k_head <= p.k_row) {
+    for (int64_t j = 0; j < kc; ++j) {
+      int64_t ko, vo;
+      RowOffsets(p, it.b, s0 + j, &ko, &vo);
+      for (int64_t hh = 0; hh < it.nh; ++hh) copy(j, hh, ko, vo);
+    }
+  } else {
+    for (int64_t hh = 0; hh < it.nh; ++hh) {
+      for (int64_t j = 0; j < kc; ++j) {
+        int64_t ko, vo;
+        RowOffsets(p, it.b, s0 + j, &ko, &vo);
+        copy(j, hh, ko, vo);
+      }
+    }
+  }
+  if (kc < kDecodeTile) {
+    for (int64_t hh = 0; hh < it.nh; ++hh) {
+      std::fill_n(kt + (hh * kDecodeTile + kc) * m.Epad, (kDecodeTile - kc) * m.Epad, T(0));
+      std::fill_n(vt + (hh * kDecodeTile + kc) * m.Evpad, (kDecodeTile - kc) * m.Evpad, T(0));
     }
   }
 }
 
-// One work item: rows of the GQA group of (b, hkv) against keys [s0, s1); leaves the partial
-// running max m, sum l and unnormalised accumulator acc (leading dimension ldv) of every row.
-template <typename T>
-void DecodeItem(const DecodeProblem& p, const Item& it, const Scratch<T>& w, int64_t ldv, T* acc,
-                T* m, T* l) {
-  const int64_t G = p.Hq / p.Hkv, L = p.L, R = G * L, E = p.E, Ev = p.Ev;
+// One work item: the query rows of kv heads [h0, h0 + nh) of sequence b against keys
+// [s0, s1); leaves the partial running max m, sum l and unnormalised accumulator acc (leading
+// dimension ldv) of every row, rows in (kv head, group member, query) order.
+template <typename T, typename Tc, int kC>
+void DecodeItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w, T* acc,
+                T* mx, T* l) {
+  const hn::ScalableTag<T> d;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+  const int64_t G = m.G, L = m.L;
+  const int64_t nrows = it.nh * G * L;
   const int64_t S = p.seq_lens[static_cast<size_t>(it.b)];
   const T scale = static_cast<T>(p.scale);
   const T* q = static_cast<const T*>(p.q);
   int64_t last_any = -1;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t h = it.hkv * G + g;
-    for (int64_t i = 0; i < L; ++i) {
-      const int64_t r = g * L + i;
-      const T* src = q + it.b * p.q_sb + h * p.q_sh + i * p.q_sl;
-      for (int64_t e = 0; e < E; ++e) w.qs[r * E + e] = scale * src[e];
-      w.last[r] = LastKey(p, S, i);
-      last_any = std::max(last_any, w.last[r]);
-      m[r] = kDecodeNegInf<T>;
-      l[r] = T(0);
-      std::fill_n(acc + r * ldv, ldv, T(0));
-    }
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t h = it.h0 * G + r / L, i = r % L;  // query head, query row
+    const T* src = q + it.b * p.q_sb + h * p.q_sh + i * p.q_sl;
+    T* dst = w.qs + r * m.Epad;
+    for (int64_t e = 0; e < m.E; ++e) dst[e] = scale * src[e];
+    std::fill(dst + m.E, dst + m.Epad, T(0));
+    w.last[r] = LastKey(p, S, i);
+    last_any = std::max(last_any, w.last[r]);
+    mx[r] = kDecodeNegInf<T>;
+    l[r] = T(0);
+    std::fill_n(acc + r * m.ldv, m.ldv, T(0));
   }
   // Keys past every row's last visible key are never read.
   const int64_t end = std::min(it.s1, last_any + 1);
-  if (end <= it.s0) return;
   for (int64_t s0 = it.s0; s0 < end; s0 += kDecodeTile) {
     const int64_t kc = std::min(kDecodeTile, end - s0);
-    const T** kp = w.kp;
-    const T** vp = w.vp;
-    KeyRows(p, it.b, it.hkv, s0, kc, kp, vp);
-    // pass 1: scores of every row of the group against this tile (K read from memory once)
-    for (int64_t r = 0; r < R; ++r) {
-      T* srow = w.s + r * kDecodeTile;
-      const T* qr = w.qs + r * E;
-      const int64_t vis = std::clamp<int64_t>(w.last[r] - s0 + 1, 0, kc);
-      w.visible[r] = vis;
-      int64_t j = 0;
-      for (; j + 4 <= vis; j += 4) Dot4(qr, kp[j], kp[j + 1], kp[j + 2], kp[j + 3], E, srow + j);
-      for (; j < vis; ++j) srow[j] = Dot1(qr, kp[j], E);
-      for (; j < kDecodeTile; ++j) srow[j] = kDecodeNegInf<T>;
-      if (p.mask_problem != nullptr && vis > 0) {
-        const int64_t g = r / L, i = r % L;
-        flash::mask_row(*p.mask_problem, it.b, it.hkv * G + g, i, s0, kc, kDecodeTile, srow);
+    PackTile<T, Tc>(p, m, it, s0, kc, w.kt, w.vt);
+    // The next tile's rows, prefetched a share per row while this tile is computed, so that
+    // memory keeps streaming while the FMAs run (without it the loads of the packing wait on
+    // DRAM: 13 against 15 GB/s of K/V per CPU-second on one Zen 5 thread, S = 65536).
+    int64_t nseg = 0;
+    if (s0 + kDecodeTile < end) {
+      const int64_t n1 = std::min(kDecodeTile, end - s0 - kDecodeTile);
+      const auto* kb = reinterpret_cast<const char*>(p.k);
+      const auto* vb = reinterpret_cast<const char*>(p.v);
+      const auto es = static_cast<int64_t>(sizeof(Tc));
+      for (int64_t j = 0; j < n1; ++j) {
+        int64_t ko, vo;
+        RowOffsets(p, it.b, s0 + kDecodeTile + j, &ko, &vo);
+        for (int64_t hh = 0; hh < it.nh; ++hh) {
+          const int64_t h = it.h0 + hh;
+          w.pf[nseg++] = {kb + (ko + h * p.k_head) * es, m.E * es};
+          w.pf[nseg++] = {vb + (vo + h * p.v_head) * es, m.Ev * es};
+        }
       }
     }
-    // pass 2: online softmax; pass 3: acc += P V (V read from memory once)
-    for (int64_t r = 0; r < R; ++r) {
-      if (w.visible[r] == 0) continue;
-      T* srow = w.s + r * kDecodeTile;
-      T* ar = acc + r * ldv;
-      const T m_old = m[r];
+    for (int64_t r = 0; r < nrows; ++r) {
+      for (int64_t i = r * nseg / nrows; i < (r + 1) * nseg / nrows; ++i) {
+        for (int64_t o = 0; o < w.pf[i].bytes; o += 64) hwy::Prefetch(w.pf[i].p + o);
+      }
+      const int64_t vis = std::clamp<int64_t>(w.last[r] - s0 + 1, 0, kc);
+      if (vis == 0) continue;
+      const int64_t hh = r / (G * L);
+      const T* kt = w.kt + hh * kDecodeTile * m.Epad;
+      const T* vt = w.vt + hh * kDecodeTile * m.Evpad;
+      T* srow = w.s;
+      for (int64_t j = 0; j < kDecodeTile; j += N) {
+        ScoresN<kC>(d, w.qs + r * m.Epad, kt + j * m.Epad, m.Epad / N, srow + j);
+        const int64_t in = std::clamp<int64_t>(vis - j, 0, N);
+        if (in < N) {
+          const auto s = hn::LoadU(d, srow + j);
+          hn::StoreU(hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(in)), s,
+                                    hn::Set(d, kDecodeNegInf<T>)),
+                     d, srow + j);
+        }
+      }
+      if (p.mask_problem != nullptr) {
+        flash::mask_row(*p.mask_problem, it.b, it.h0 * G + r / L, r % L, s0, kc, kDecodeTile, srow);
+      }
+      const T m_old = mx[r];
       const T tile_max = RowMax(srow, kDecodeTile);
       // A NaN score makes the row NaN (std::max would drop it), as in the fused kernel.
       const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
       if (m_new == kDecodeNegInf<T>) continue;  // nothing visible so far: P row = 0
       const T row_sum = ExpShiftSum(srow, kDecodeTile, m_new);
+      T alpha = T(1);  // the factor on acc: 1 while acc is still all zeros
       if (m_new != m_old) {
-        const T alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
-        if (m_old != kDecodeNegInf<T>) ScaleRow(ar, static_cast<size_t>(ldv), alpha);
+        if (m_old != kDecodeNegInf<T>) alpha = std::exp(m_old - m_new);
         l[r] = l[r] * alpha + row_sum;
-        m[r] = m_new;
+        mx[r] = m_new;
       } else {
         l[r] += row_sum;
       }
-      AccumulatePV(srow, vp, w.visible[r], Ev, ar);
+      // The keys to add: all visible ones unless a probability is exactly 0 (masked, or
+      // underflowed), which is then skipped.
+      const int* idx = w.iota;
+      int64_t n = vis;
+      bool dense = true;
+      for (int64_t j = 0; j < vis; j += N) {
+        const auto pz = hn::Eq(hn::LoadU(d, srow + j), hn::Zero(d));
+        const auto in = hn::FirstN(d, static_cast<size_t>(std::min<int64_t>(N, vis - j)));
+        dense = dense && hn::AllFalse(d, hn::And(pz, in));
+      }
+      if (!dense) {
+        n = 0;
+        for (int64_t j = 0; j < vis; ++j) {
+          w.nz[n] = static_cast<int>(j);
+          n += srow[j] != T(0);
+        }
+        idx = w.nz;
+      }
+      AccumulatePV<kC>(srow, idx, n, vt, m.Evpad / N, alpha, acc + r * m.ldv);
     }
   }
 }
@@ -311,11 +443,28 @@ void MergeRow(int64_t chunks, int64_t stride_acc, int64_t stride_ml, const T* ac
   if (lse != nullptr) *lse = M + std::log(sum);
 }
 
-template <typename T>
+template <typename T, typename Tc>
 void DecodeT(const DecodeProblem& p) {
-  const int64_t G = p.Hq / p.Hkv, R = G * p.L, Ev = p.Ev;
-  const int64_t ldv = flash::round_up(std::max<int64_t>(Ev, 1), flash::kPad<T>);
-  // Items in a fixed order: sequence, kv head, chunk. first[b] is sequence b's first partial.
+  const hn::ScalableTag<T> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  Dims m{};
+  m.G = p.Hq / p.Hkv;
+  m.L = p.L;
+  m.E = p.E;
+  m.Ev = p.Ev;
+  m.Epad = flash::round_up(std::max<int64_t>(p.E, 1), N);
+  m.Evpad = flash::round_up(std::max<int64_t>(p.Ev, 1), N);
+  m.ldv = flash::round_up(m.Evpad, flash::kPad<T>);
+  // Heads per item: as many as keep the packed tile within kDecodePackBytes, split evenly. The
+  // split depends on the shape only (never on the thread count).
+  const int64_t tile_bytes = kDecodeTile * (m.Epad + m.Evpad) * static_cast<int64_t>(sizeof(T));
+  const int64_t fit = std::clamp<int64_t>(kDecodePackBytes / tile_bytes, 1, p.Hkv);
+  const int64_t groups = flash::ceil_div(p.Hkv, fit);
+  m.heads_per_item = flash::ceil_div(p.Hkv, groups);
+  m.rows_per_item = m.heads_per_item * m.G * m.L;
+  const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
+
+  // Items in a fixed order: sequence, chunk, head group; slot = the (sequence, chunk) partial.
   std::vector<Item> items;
   std::vector<int64_t> first(static_cast<size_t>(p.batch) + 1, 0),
       chunks(static_cast<size_t>(p.batch));
@@ -324,29 +473,31 @@ void DecodeT(const DecodeProblem& p) {
     const int64_t c = decode_chunk_keys(S);
     const int64_t n = std::max<int64_t>(1, flash::ceil_div(S, c));
     chunks[static_cast<size_t>(b)] = n;
-    first[static_cast<size_t>(b) + 1] = first[static_cast<size_t>(b)] + p.Hkv * n;
-    for (int64_t hkv = 0; hkv < p.Hkv; ++hkv) {
-      for (int64_t i = 0; i < n; ++i) {
-        items.push_back(
-            {b, hkv, i * c, std::min(S, (i + 1) * c), first[static_cast<size_t>(b)] + hkv * n + i});
+    first[static_cast<size_t>(b) + 1] = first[static_cast<size_t>(b)] + n;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h0 = 0; h0 < p.Hkv; h0 += m.heads_per_item) {
+        items.push_back({b, h0, std::min(m.heads_per_item, p.Hkv - h0), i * c,
+                         std::min(S, (i + 1) * c), first[static_cast<size_t>(b)] + i});
       }
     }
   }
   const int64_t nitems = static_cast<int64_t>(items.size());
+  const int64_t slots = first[static_cast<size_t>(p.batch)];
   Carver measure;
-  measure.take<T>(static_cast<size_t>(nitems * R * ldv));
-  measure.take<T>(static_cast<size_t>(nitems * R));
-  measure.take<T>(static_cast<size_t>(nitems * R));
+  measure.take<T>(static_cast<size_t>(slots * rows * m.ldv));
+  measure.take<T>(static_cast<size_t>(slots * rows));
+  measure.take<T>(static_cast<size_t>(slots * rows));
   Carver carve(call_shared().reserve(measure.used()));
-  T* part_acc = carve.take<T>(static_cast<size_t>(nitems * R * ldv));
-  T* part_m = carve.take<T>(static_cast<size_t>(nitems * R));
-  T* part_l = carve.take<T>(static_cast<size_t>(nitems * R));
+  T* part_acc = carve.take<T>(static_cast<size_t>(slots * rows * m.ldv));
+  T* part_m = carve.take<T>(static_cast<size_t>(slots * rows));
+  T* part_l = carve.take<T>(static_cast<size_t>(slots * rows));
 
   Carver scratch_measure;
-  const size_t scratch_bytes = Scratch<T>::Carve(scratch_measure, R, p.E, nullptr);
+  const size_t scratch_bytes = Scratch<T>::Carve(scratch_measure, m, nullptr);
   bool failed = false;
   T* out = static_cast<T*>(p.out);
   T* lse = static_cast<T*>(p.lse);
+  const int64_t G = m.G, Ev = p.Ev;
 #pragma omp parallel num_threads(p.threads)
   {
     // An exception cannot leave a thread of the region: a failed allocation is recorded and
@@ -361,31 +512,43 @@ void DecodeT(const DecodeProblem& p) {
     Scratch<T> w{};
     if (mem != nullptr) {
       Carver c(mem);
-      Scratch<T>::Carve(c, R, p.E, &w);
+      Scratch<T>::Carve(c, m, &w);
+      // The padding columns of the packed tile are never written by the packing: zero them once.
+      std::fill_n(w.kt, m.heads_per_item * kDecodeTile * m.Epad, T(0));
+      std::fill_n(w.vt, m.heads_per_item * kDecodeTile * m.Evpad, T(0));
+      for (int j = 0; j < kDecodeTile; ++j) w.iota[j] = j;
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < nitems; ++i) {
       if (mem == nullptr) continue;
       const Item& it = items[static_cast<size_t>(i)];
-      DecodeItem(p, it, w, ldv, part_acc + it.index * R * ldv, part_m + it.index * R,
-                 part_l + it.index * R);
+      const int64_t row0 = it.slot * rows + it.h0 * G * p.L;
+      T* a = part_acc + row0 * m.ldv;
+      // E = Ev = 64 or 128 (most models' head sizes): the chunk count as a constant.
+      const int64_t C = m.Epad == m.Evpad ? m.Epad / N : 0;
+      if (C == 8) {
+        DecodeItem<T, Tc, 8>(p, m, it, w, a, part_m + row0, part_l + row0);
+      } else if (C == 16) {
+        DecodeItem<T, Tc, 16>(p, m, it, w, a, part_m + row0, part_l + row0);
+      } else if (C == 4) {
+        DecodeItem<T, Tc, 4>(p, m, it, w, a, part_m + row0, part_l + row0);
+      } else {
+        DecodeItem<T, Tc, 0>(p, m, it, w, a, part_m + row0, part_l + row0);
+      }
     }
     // Merge: each output row is written by one iteration, chunks in order.
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < p.batch * p.Hkv; ++bh) {
+    for (int64_t bh = 0; bh < p.batch * p.Hq; ++bh) {
       if (failed) continue;
-      const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
+      const int64_t b = bh / p.Hq, h = bh % p.Hq;
       const int64_t n = chunks[static_cast<size_t>(b)];
-      const int64_t base = first[static_cast<size_t>(b)] + hkv * n;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t h = hkv * G + g;
-        for (int64_t i = 0; i < p.L; ++i) {
-          const int64_t r = g * p.L + i;
-          T* o = out + b * p.o_sb + h * p.o_sh + i * p.o_sl;
-          T* ls = lse != nullptr ? lse + b * p.lse_sb + h * p.lse_sh + i * p.lse_sl : nullptr;
-          MergeRow(n, R * ldv, R, part_acc + (base * R + r) * ldv, part_m + base * R + r,
-                   part_l + base * R + r, Ev, o, ls);
-        }
+      const int64_t base = first[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < p.L; ++i) {
+        const int64_t r = h * p.L + i;
+        T* o = out + b * p.o_sb + h * p.o_sh + i * p.o_sl;
+        T* ls = lse != nullptr ? lse + b * p.lse_sb + h * p.lse_sh + i * p.lse_sl : nullptr;
+        MergeRow(n, rows * m.ldv, rows, part_acc + (base * rows + r) * m.ldv,
+                 part_m + base * rows + r, part_l + base * rows + r, Ev, o, ls);
       }
     }
   }
@@ -394,8 +557,8 @@ void DecodeT(const DecodeProblem& p) {
 
 }  // namespace
 
-void DecodeFloat(const DecodeProblem& p) { DecodeT<float>(p); }
-void DecodeDouble(const DecodeProblem& p) { DecodeT<double>(p); }
+void DecodeFloat(const DecodeProblem& p) { DecodeT<float, float>(p); }
+void DecodeDouble(const DecodeProblem& p) { DecodeT<double, double>(p); }
 const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace sdpa::detail::HWY_NAMESPACE

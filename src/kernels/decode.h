@@ -29,13 +29,18 @@ inline constexpr std::int64_t kDecodeMaxQueries = 16;
 inline constexpr std::int64_t kDecodeMaxChunks = 16;
 inline constexpr std::int64_t kDecodeMinChunk = 512;
 
-/// Keys per tile of the kernel: a multiple of every target's lane count (the row operations need
-/// it); 32 keys of K and V at E = Ev = 128 float32 are 32 KiB, within the 32-48 KiB L1d of both
-/// machines this was measured on.
+/// Keys per tile of the kernel: a multiple of every target's lane count (the score tree and the
+/// row operations need it); 16 keys of K and V of one head at E = Ev = 128 float32 are 16 KiB,
+/// within the 32-48 KiB L1d of both machines this was measured on.
 #ifndef SDPA_DECODE_TILE
-#define SDPA_DECODE_TILE 32
+#define SDPA_DECODE_TILE 16
 #endif
 inline constexpr std::int64_t kDecodeTile = SDPA_DECODE_TILE;
+
+/// The packed K/V tile of one work item (its kv heads' rows of one tile) stays within this many
+/// bytes: 64 KiB, four heads at E = Ev = 128 float32, is read back from L2 (0.5-1 MiB) head by
+/// head, one head's 16 KiB then staying in L1 while the rows of its group use it.
+inline constexpr std::int64_t kDecodePackBytes = 64 * 1024;
 
 /// Keys per chunk for a sequence of S keys (>= 1 even for S = 0).
 std::int64_t decode_chunk_keys(std::int64_t S);

@@ -1,7 +1,9 @@
 // The fused attention kernel (--impl fast): FlashAttention-2 on the CPU, forward and backward.
 //
 // Contract (asserted by tests/kernels/test_kernels.cpp on every compiled SIMD target):
-//   shapes and layout as in core/problem.h (C order, flattened batch); float32 inputs compute in
+//   shapes and layout as in core/problem.h (flattened batch; every operand read and written
+//   through its own batch, head and row strides, in place: the packed copies below are the
+//   kernel's own, made whatever the layout, and no other copy is made); float32 inputs compute in
 //   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
@@ -125,24 +127,49 @@ template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 // ---- packing (once per call, shared by all threads) ------------------------------------------
+// Every read of an input goes through these functions and the Rows views below, with the
+// input's own row stride (src_ld: elements between consecutive rows), so that any strided
+// layout is read in place.
 
-/// dst[e][c] = src[s0 + c][e] for c < kc, 0 for kc <= c < kKeyTile: one key tile transposed so
-/// that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile), vectorised
-/// along the keys.
+/// Rows of a (B, H, rows, width) operand, typed: row (b, h, l) starts at data + b * sb + h * sh +
+/// l * sl. Either an input where it lies (its OperandView's strides) or a packed copy (C order
+/// with padded rows).
 template <typename T>
-void TransposeTile(const T* src, int64_t width, int64_t s0, int64_t kc, T* dst) {
+struct Rows {
+  const T* data = nullptr;
+  int64_t sb = 0, sh = 0, sl = 0;
+  const T* row(int64_t b, int64_t h, int64_t l) const { return data + b * sb + h * sh + l * sl; }
+};
+
+template <typename T>
+Rows<T> RowsOf(const InputView& v) {
+  return Rows<T>{static_cast<const T*>(v.data), v.sb, v.sh, v.sl};
+}
+/// A packed C-order copy of H heads of L rows, each row ld elements.
+template <typename T>
+Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
+  return Rows<T>{data, H * L * ld, L * ld, ld};
+}
+
+/// dst[e][c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key tile
+/// transposed so that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile),
+/// vectorised along the keys.
+template <typename T>
+void TransposeTile(const T* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
   for (int64_t e = 0; e < width; ++e) {
     T* d = dst + e * kKeyTile;
-    for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * width + e];
+    for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
     for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
   }
 }
 
-/// dst[r][0..ld) = factor * src[r][0..width) followed by zeros.
+/// dst[r][0..ld) = factor * src[r * src_ld + 0..width) followed by zeros.
 template <typename T>
-void CopyRowsPadded(const T* src, int64_t rows, int64_t width, T factor, int64_t ld, T* dst) {
+void CopyRowsPadded(const T* src, int64_t src_ld, int64_t rows, int64_t width, T factor, int64_t ld,
+                    T* dst) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * src[r * width + e];
+    const T* s = src + r * src_ld;
+    for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * s[e];
     for (int64_t e = width; e < ld; ++e) dst[r * ld + e] = T(0);
   }
 }
@@ -161,6 +188,16 @@ bool AllFinite(const T* x, int64_t n) {
   T tail = 0;
   for (; i < n; ++i) tail += x[i] - x[i];
   return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
+}
+
+/// True when every element of rows x[r * ld + 0..width), r < rows, is finite.
+template <typename T>
+bool AllFiniteRows(const T* x, int64_t ld, int64_t rows, int64_t width) {
+  if (ld == width || rows <= 1) return AllFinite(x, rows * width);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!AllFinite(x + r * ld, width)) return false;
+  }
+  return true;
 }
 
 // Inside a parallel region an exception cannot leave a thread: scratch allocation failures are
@@ -236,9 +273,9 @@ void DropoutRow(const Problem& p, int64_t b, int64_t h, int64_t l, int64_t s0, i
 
 template <typename T>
 struct ForwardShared {
-  const T* kt;              // [B*Hkv][nkt][E][kKeyTile]: key tiles, transposed, zero-padded
-  const T* v;               // [B*Hkv][S][ldv]: value rows (the input itself when ldv == Ev)
-  int64_t ldv;              // Ev rounded up to 64 bytes
+  const T* kt;  // [B*Hkv][nkt][E][kKeyTile]: key tiles, transposed, zero-padded
+  Rows<T> v;    // (B, Hkv, S) value rows: the input where it lies when ldv == Ev, else padded
+  int64_t ldv;  // Ev rounded up to 64 bytes: the columns of the P V product
   const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
   int64_t nkt;
 };
@@ -266,13 +303,25 @@ struct ForwardScratch {
   }
 };
 
+// acc[rows][ldv] += P[rows][kc] V[kc][ldv] (P with row stride kKeyTile, V with row stride v_ld);
+// v_unsafe: the value tile holds inf or NaN, so zero probabilities are skipped.
+template <typename T>
+HWY_INLINE void AccumulatePV(int64_t rows, int64_t ldv, int64_t kc, const T* P, const T* v,
+                             int64_t v_ld, bool v_unsafe, T* acc) {
+  if (v_unsafe) {
+    GemmSkipZeros(rows, ldv, kc, P, kKeyTile, 1, v, v_ld, acc, ldv);
+  } else {
+    Gemm<true>(rows, ldv, kc, P, kKeyTile, 1, v, v_ld, acc, ldv);
+  }
+}
+
 // One query tile (rows l0 .. l0 + rows of every query head that reads key/value head hkv)
 // against all the key tiles it can see: per row r and key tile j, S_j = (scale * Q) K_j^T + mask,
 // then OnlineSoftmaxRow, then acc = exp(m - m_new) * acc + P_j V_j; at the end out = acc / l
 // and lse = m + log(l).
 template <typename T>
 void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const ForwardScratch<T>& w,
-                      int64_t b, int64_t hkv, int64_t i, T* out, T* lse) {
+                      int64_t b, int64_t hkv, int64_t i) {
   const int64_t G = p.group, E = p.E, Ev = p.Ev, ldv = sh.ldv, S = p.S;
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t bh = b * p.Hkv + hkv;
@@ -280,12 +329,10 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
   const Variants& var = p.variants;
   const T scale = static_cast<T>(p.scale);
-  const T* query = static_cast<const T*>(p.query);
 
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
-    CopyRowsPadded(query + ((b * p.Hq + h) * p.L + l0) * E, rows, E, scale, E,
-                   w.qs + g * kQueryTile * E);
+    CopyRowsPadded(p.q.row<T>(b, h, l0), p.q.sl, rows, E, scale, E, w.qs + g * kQueryTile * E);
     std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<T>);
     std::fill_n(w.rsum + g * kQueryTile, rows, T(0));
     std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, T(0));
@@ -297,7 +344,8 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
     // mask need the per-element masking pass.
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
     const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
-    const T* v = sh.v + (bh * S + s0) * ldv;
+    const T* v = sh.v.row(b, hkv, s0);
+    const int64_t v_ld = sh.v.sl;
     const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
     for (int64_t g = 0; g < G; ++g) {  // GQA: this K/V tile serves every head of the group
       const int64_t h = hkv * G + g;
@@ -319,36 +367,40 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
         if (var.dropout()) DropoutRow(p, b, h, l0 + r, s0, kc, srow, w.drop);
       }
       // pass 3: acc += P V
-      if (v_unsafe) {
-        GemmSkipZeros(rows, ldv, kc, w.s, kKeyTile, 1, v, ldv, acc, ldv);
-      } else {
-        Gemm<true>(rows, ldv, kc, w.s, kKeyTile, 1, v, ldv, acc, ldv);
-      }
+      AccumulatePV(rows, ldv, kc, w.s, v, v_ld, v_unsafe, acc);
     }
   }
 
+  const bool want_lse = p.lse.data != nullptr;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t row0 = (b * p.Hq + hkv * G + g) * p.L + l0;
-    const T sink = var.sinks != nullptr ? static_cast<T>(var.sinks[hkv * G + g]) : kNegInf<T>;
+    const int64_t h = hkv * G + g;
+    const T sink = var.sinks != nullptr ? static_cast<T>(var.sinks[h]) : kNegInf<T>;
     for (int64_t r = 0; r < rows; ++r) {
       const T* acc = w.acc + (g * kQueryTile + r) * ldv;
       T l = w.rsum[g * kQueryTile + r], m = w.rmax[g * kQueryTile + r];
-      T* o = out + (row0 + r) * Ev;
+      T* o = p.out.row<T>(b, h, l0 + r);
       if (l == T(0)) {  // no visible key: out = 0, lse = -inf (the sink's logit with one)
         std::fill_n(o, Ev, T(0));
-        if (lse != nullptr) lse[row0 + r] = sink;
+        if (want_lse) *p.lse.row<T>(b, h, l0 + r) = sink;
         continue;
       }
       T inv = T(1) / l;
       if (var.sinks != nullptr) AddSink(sink, m, l, inv);
       for (int64_t e = 0; e < Ev; ++e) o[e] = acc[e] * inv;
-      if (lse != nullptr) lse[row0 + r] = m + std::log(l);
+      if (want_lse) *p.lse.row<T>(b, h, l0 + r) = m + std::log(l);
     }
   }
 }
 
+// One key tile of key/value head (b, hkv), keys s0 .. s0 + kc, transposed and zero-padded into
+// dst [E][kKeyTile]; the key's own strides are read.
 template <typename T>
-void ForwardT(const Problem& p, T* out, T* lse) {
+void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst) {
+  TransposeTile(p.k.row<T>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+}
+
+template <typename T>
+void ForwardT(const Problem& p) {
   const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
   const int64_t ldv = round_up(Ev, kPad<T>);
@@ -362,10 +414,11 @@ void ForwardT(const Problem& p, T* out, T* lse) {
   T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
   T* vp = v_in_place ? nullptr : carve.take<T>(static_cast<size_t>(BH * S * ldv));
   uint8_t* v_unsafe = carve.take<uint8_t>(static_cast<size_t>(BH * nkt));
-  const T* key = static_cast<const T*>(p.key);
-  const T* value = static_cast<const T*>(p.value);
-  const ForwardShared<T> sh{
-      .kt = kt, .v = v_in_place ? value : vp, .ldv = ldv, .v_unsafe = v_unsafe, .nkt = nkt};
+  const ForwardShared<T> sh{.kt = kt,
+                            .v = v_in_place ? RowsOf<T>(p.v) : PackedRows<T>(vp, p.Hkv, S, ldv),
+                            .ldv = ldv,
+                            .v_unsafe = v_unsafe,
+                            .nkt = nkt};
 
   Carver scratch_measure;
   const size_t scratch_bytes = ForwardScratch<T>::Carve(scratch_measure, p, ldv, nullptr);
@@ -376,10 +429,11 @@ void ForwardT(const Problem& p, T* out, T* lse) {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
-      TransposeTile(key + bh * S * E, E, s0, kc, kt + t * E * kKeyTile);
-      const T* vsrc = value + (bh * S + s0) * Ev;
-      if (!v_in_place) CopyRowsPadded(vsrc, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
-      v_unsafe[t] = AllFinite(vsrc, kc * Ev) ? 0 : 1;
+      const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
+      const T* vsrc = p.v.row<T>(b, hkv, s0);
+      if (!v_in_place) CopyRowsPadded(vsrc, p.v.sl, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
+      v_unsafe[t] = AllFiniteRows(vsrc, p.v.sl, kc, Ev) ? 0 : 1;
     }
     void* mem = err.reserve(scratch_bytes);
     ForwardScratch<T> w{};
@@ -392,7 +446,7 @@ void ForwardT(const Problem& p, T* out, T* lse) {
     for (int64_t item = 0; item < BH * nqt; ++item) {
       if (mem == nullptr) continue;
       const int64_t bh = item / nqt;
-      ForwardQueryTile(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt, out, lse);
+      ForwardQueryTile(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt);
     }
   }
   if (err.failed) throw std::bad_alloc();
@@ -430,19 +484,19 @@ HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, int
 
 template <typename T>
 struct BackwardShared {
-  const T* kt;    // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
-  const T* vt;    // [B*Hkv][nkt][Ev][kKeyTile]: value tiles transposed (for dP = dO V^T)
-  const T* k;     // [B*Hkv][S][ldk]: key rows (for dQ = dS K)
-  const T* qs;    // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
-  const T* dout;  // [B*Hq][L][ldo]: grad_out rows, padded
-  const T* D;     // [B*Hq][L]: rowsum(dO * O)
+  const T* kt;   // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
+  const T* vt;   // [B*Hkv][nkt][Ev][kKeyTile]: value tiles transposed (for dP = dO V^T)
+  Rows<T> k;     // (B, Hkv, S) key rows (for dQ = dS K): in place when ldq == E, else padded
+  const T* qs;   // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
+  Rows<T> dout;  // (B, Hq, L) grad_out rows: in place when ldo == Ev (and clean), else padded
+  const T* D;    // [B*Hq][L]: rowsum(dO * O)
   // [B*Hq][L]: P = exp(S - shift) * inv_sum; shift = lse and inv_sum = 1, or for a row whose
   // lse does not normalise P (LseNormalises), the recomputed running max m and 1 / l;
   // shift = -inf for a row that sees no key.
   const T* shift;
   const T* inv_sum;
-  const uint8_t* k_unsafe;  // [B*Hkv][nkt]: the key tile holds inf or NaN
-  int64_t ldk, ldq, ldo, nkt, nqt;
+  const uint8_t* k_unsafe;     // [B*Hkv][nkt]: the key tile holds inf or NaN
+  int64_t ldq, ldo, nkt, nqt;  // ldq, ldo: columns of the products (E, Ev padded to 64 bytes)
 };
 
 template <typename T>
@@ -512,7 +566,7 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     const T inv = sh.inv_sum[row0 + r];
     if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
-  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout + row0 * sh.ldo, sh.ldo, 1,
+  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
               sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
@@ -542,8 +596,8 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
 // normalise P; see kLseResolvable.
 template <typename T>
 void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
-                          const BackwardScratch<T>& w, const T* lse, int64_t b, int64_t h,
-                          int64_t i, T* qs, T* shift, T* inv_sum) {
+                          const BackwardScratch<T>& w, int64_t b, int64_t h, int64_t i, T* qs,
+                          T* shift, T* inv_sum) {
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t bh = b * p.Hkv + h / p.group, row0 = (b * p.Hq + h) * p.L + l0;
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
@@ -566,7 +620,7 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
   }
   const bool sinks = p.variants.sinks != nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    const T row_lse = lse[row0 + r];
+    const T row_lse = *p.fwd_lse.row<T>(b, h, l0 + r);
     if (row_lse == kNegInf<T> || LseNormalises(row_lse)) continue;
     if (l[r] == T(0)) {  // sees no key after all: no gradient, and q must not leak into dK
       shift[row0 + r] = kNegInf<T>;
@@ -580,12 +634,23 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
   }
 }
 
+// dK and dV of the keys s0 .. s0 + kc of key/value head (b, hkv) from the tile's accumulators,
+// written through the gradients' strides.
+template <typename T>
+void WriteKeyGradients(const Problem& p, const BackwardScratch<T>& w, int64_t b, int64_t hkv,
+                       int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
+  for (int64_t c = 0; c < kc; ++c) {
+    std::copy_n(w.dk_acc + c * ldq, p.E, p.dk.row<T>(b, hkv, s0 + c));
+    std::copy_n(w.dv_acc + c * ldo, p.Ev, p.dv.row<T>(b, hkv, s0 + c));
+  }
+}
+
 // dK and dV of one key tile: the sum over every query head of its group and every query tile
 // that can see it, in a fixed order, by one thread:
 //   dV_j += P^T dO_i        dK_j += dS^T (scale * Q_i)
 template <typename T>
 void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
-                     int64_t bh, int64_t j, T* dk, T* dv) {
+                     int64_t bh, int64_t j) {
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group;
   const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
@@ -598,21 +663,18 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
       const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
       const int64_t row0 = (b * p.Hq + h) * p.L + l0;
       ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-      Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout + row0 * ldo, ldo, w.dv_acc, ldo);
+      Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc, ldo);
       Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
     }
   }
-  for (int64_t c = 0; c < kc; ++c) {
-    std::copy_n(w.dk_acc + c * ldq, p.E, dk + (bh * p.S + s0 + c) * p.E);
-    std::copy_n(w.dv_acc + c * ldo, p.Ev, dv + (bh * p.S + s0 + c) * p.Ev);
-  }
+  WriteKeyGradients(p, w, b, hkv, s0, kc, ldq, ldo);
 }
 
 // dQ of one query tile: dQ_i = scale * sum_j dS_ij K_j over the key tiles it sees, in order.
 // A separate pass (P and dP are recomputed) so that each thread owns its dQ rows.
 template <typename T>
 void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
-                       int64_t b, int64_t h, int64_t i, T* dq) {
+                       int64_t b, int64_t h, int64_t i) {
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t hkv = h / p.group, bh = b * p.Hkv + hkv, ldq = sh.ldq;
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
@@ -620,17 +682,17 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-    const T* k = sh.k + (bh * p.S + s0) * sh.ldk;
+    const T* k = sh.k.row(b, hkv, s0);
     if (sh.k_unsafe[bh * sh.nkt + j] != 0) {
-      GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, w.dq_acc, ldq);
+      GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
     } else {
-      Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, w.dq_acc, ldq);
+      Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
     }
   }
   const T scale = static_cast<T>(p.scale);
-  const int64_t row0 = (b * p.Hq + h) * p.L + l0;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t e = 0; e < p.E; ++e) dq[(row0 + r) * p.E + e] = scale * w.dq_acc[r * ldq + e];
+    T* dq = p.dq.row<T>(b, h, l0 + r);
+    for (int64_t e = 0; e < p.E; ++e) dq[e] = scale * w.dq_acc[r * ldq + e];
   }
 }
 
@@ -644,7 +706,7 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
 // whole contribution to dQ, summed over its key tiles in order.
 template <typename T>
 void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
-                      int64_t bh, int64_t j0, int64_t j1, T* dq_acc, T* dk, T* dv) {
+                      int64_t bh, int64_t j0, int64_t j1, T* dq_acc) {
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group, L = p.L;
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
   std::fill_n(dq_acc, G * L * ldq, T(0));
@@ -653,7 +715,8 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
     std::fill_n(w.dk_acc, kc * ldq, T(0));
     std::fill_n(w.dv_acc, kc * ldo, T(0));
     const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
-    const T* k = sh.k + (bh * p.S + s0) * sh.ldk;
+    const T* k = sh.k.row(b, hkv, s0);
+    const int64_t k_ld = sh.k.sl;
     const bool k_unsafe = sh.k_unsafe[bh * sh.nkt + j] != 0;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hkv * G + g;
@@ -661,20 +724,18 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
         const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
         const int64_t row0 = (b * p.Hq + h) * L + l0;
         ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-        Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout + row0 * ldo, ldo, w.dv_acc, ldo);
+        Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc,
+                   ldo);
         Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
         T* dq_rows = dq_acc + (g * L + l0) * ldq;
         if (k_unsafe) {
-          GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, dq_rows, ldq);
+          GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, k_ld, dq_rows, ldq);
         } else {
-          Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.ldk, dq_rows, ldq);
+          Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, k_ld, dq_rows, ldq);
         }
       }
     }
-    for (int64_t c = 0; c < kc; ++c) {
-      std::copy_n(w.dk_acc + c * ldq, p.E, dk + (bh * p.S + s0 + c) * p.E);
-      std::copy_n(w.dv_acc + c * ldo, p.Ev, dv + (bh * p.S + s0 + c) * p.Ev);
-    }
+    WriteKeyGradients(p, w, b, hkv, s0, kc, ldq, ldo);
   }
 }
 
@@ -726,16 +787,24 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
 }
 
 template <typename T>
-void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv,
-               T* dsinks) {
+void BackwardT(const Problem& p, T* dsinks) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(L, kQueryTile);
   const int64_t ldq = round_up(E, kPad<T>), ldo = round_up(Ev, kPad<T>);
+  // Row `row` of the flattened (B * Hq * L) rows: its (b, h, l).
+  const auto lse_of = [&](int64_t row) {
+    const int64_t bh = row / L;
+    return *p.fwd_lse.row<T>(bh / p.Hq, bh % p.Hq, row % L);
+  };
+  const auto row_of = [&](const auto& view, int64_t row) {
+    const int64_t bh = row / L;
+    return view.template row<T>(bh / p.Hq, bh % p.Hq, row % L);
+  };
   // A row that sees no key (lse = -inf) contributes nothing, but 0 * NaN would carry a NaN or
   // inf in its dO into dV: such rows are zeroed in a packed copy of dO (q is always copied).
   bool dout_dirty = false;
   for (int64_t row = 0; row < BHq * L && !dout_dirty; ++row) {
-    dout_dirty = lse[row] == kNegInf<T> && !AllFinite(dout + row * Ev, Ev);
+    dout_dirty = lse_of(row) == kNegInf<T> && !AllFinite(row_of(p.dout, row), Ev);
   }
   const bool k_in_place = ldq == E, dout_in_place = ldo == Ev && !dout_dirty;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
@@ -766,23 +835,20 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
   T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
   uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
-  const T* key = static_cast<const T*>(p.key);
-  const T* value = static_cast<const T*>(p.value);
-  const T* query = static_cast<const T*>(p.query);
-  const BackwardShared<T> sh{.kt = kt,
-                             .vt = vt,
-                             .k = k_in_place ? key : kp,
-                             .qs = qs,
-                             .dout = dout_in_place ? dout : dop,
-                             .D = D,
-                             .shift = shift,
-                             .inv_sum = inv_sum,
-                             .k_unsafe = k_unsafe,
-                             .ldk = ldq,  // E rounded up to 64 bytes, like the padded Q rows
-                             .ldq = ldq,
-                             .ldo = ldo,
-                             .nkt = nkt,
-                             .nqt = nqt};
+  const BackwardShared<T> sh{
+      .kt = kt,
+      .vt = vt,
+      .k = k_in_place ? RowsOf<T>(p.k) : PackedRows<T>(kp, p.Hkv, S, ldq),
+      .qs = qs,
+      .dout = dout_in_place ? RowsOf<T>(p.dout) : PackedRows<T>(dop, p.Hq, L, ldo),
+      .D = D,
+      .shift = shift,
+      .inv_sum = inv_sum,
+      .k_unsafe = k_unsafe,
+      .ldq = ldq,
+      .ldo = ldo,
+      .nkt = nkt,
+      .nqt = nqt};
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(
@@ -794,11 +860,12 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
-      TransposeTile(key + bh * S * E, E, s0, kc, kt + t * E * kKeyTile);
-      TransposeTile(value + bh * S * Ev, Ev, s0, kc, vt + t * Ev * kKeyTile);
-      const T* ksrc = key + (bh * S + s0) * E;
-      if (!k_in_place) CopyRowsPadded(ksrc, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
-      k_unsafe[t] = AllFinite(ksrc, kc * E) ? 0 : 1;
+      const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
+      TransposeTile(p.v.row<T>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
+      const T* ksrc = p.k.row<T>(b, hkv, s0);
+      if (!k_in_place) CopyRowsPadded(ksrc, p.k.sl, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
+      k_unsafe[t] = AllFiniteRows(ksrc, p.k.sl, kc, E) ? 0 : 1;
     }
     // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
 #pragma omp for schedule(static)
@@ -807,18 +874,20 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
       bool any = false;
       for (int64_t row = (t / nqt) * L + l0; row < (t / nqt) * L + l0 + rows; ++row) {
         inv_sum[row] = T(1);
-        if (lse[row] == kNegInf<T>) {
+        const T row_lse = lse_of(row);
+        if (row_lse == kNegInf<T>) {
           std::fill_n(qs + row * ldq, ldq, T(0));
           if (!dout_in_place) std::fill_n(dop + row * ldo, ldo, T(0));
           D[row] = T(0);
           shift[row] = kNegInf<T>;
           continue;
         }
-        CopyRowsPadded(query + row * E, 1, E, scale, ldq, qs + row * ldq);
-        if (!dout_in_place) CopyRowsPadded(dout + row * Ev, 1, Ev, T(1), ldo, dop + row * ldo);
-        D[row] = SequentialDot(dout + row * Ev, out + row * Ev, Ev);
-        shift[row] = lse[row];
-        any = any || !LseNormalises(lse[row]);
+        const T* dout_row = row_of(p.dout, row);
+        CopyRowsPadded(row_of(p.q, row), E, 1, E, scale, ldq, qs + row * ldq);
+        if (!dout_in_place) CopyRowsPadded(dout_row, Ev, 1, Ev, T(1), ldo, dop + row * ldo);
+        D[row] = SequentialDot(dout_row, row_of(p.fwd_out, row), Ev);
+        shift[row] = row_lse;
+        any = any || !LseNormalises(row_lse);
       }
       renormalise[t] = any ? 1 : 0;
     }
@@ -832,19 +901,19 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
     for (int64_t t = 0; t < BHq * nqt; ++t) {
       const int64_t bh = t / nqt;
       if (mem != nullptr && renormalise[t] != 0) {
-        RenormaliseQueryTile(p, sh, w, lse, bh / p.Hq, bh % p.Hq, t % nqt, qs, shift, inv_sum);
+        RenormaliseQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, t % nqt, qs, shift, inv_sum);
       }
     }
     if (plan.chunks == 0) {
       // pass A: dK, dV by key tile; pass B: dQ by query tile. Independent: no barrier between.
 #pragma omp for schedule(dynamic, 1) nowait
       for (int64_t t = 0; t < BH * nkt; ++t) {
-        if (mem != nullptr) BackwardKeyTile(p, sh, w, t / nkt, t % nkt, dk, dv);
+        if (mem != nullptr) BackwardKeyTile(p, sh, w, t / nkt, t % nkt);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < BHq * nqt; ++item) {
         const int64_t bh = item / nqt;
-        if (mem != nullptr) BackwardQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, item % nqt, dq);
+        if (mem != nullptr) BackwardQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, item % nqt);
       }
     } else {
       const int64_t C = plan.chunks, G = p.group;
@@ -856,10 +925,11 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
         const int64_t j1 = std::min(nkt, j0 + plan.tiles_per_chunk);
         const int64_t first_row = bh * G * L;  // (b * Hq + hkv * G) * L
         T* acc = C == 1 ? w.dq_head : partial + (c * BHq * L + first_row) * ldq;
-        BackwardKeyChunk(p, sh, w, bh, j0, j1, acc, dk, dv);
+        BackwardKeyChunk(p, sh, w, bh, j0, j1, acc);
         if (C == 1) {
           for (int64_t r = 0; r < G * L; ++r) {
-            for (int64_t e = 0; e < E; ++e) dq[(first_row + r) * E + e] = scale * acc[r * ldq + e];
+            T* dq = row_of(p.dq, first_row + r);
+            for (int64_t e = 0; e < E; ++e) dq[e] = scale * acc[r * ldq + e];
           }
         }
       }
@@ -867,10 +937,11 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
         // dQ = scale * (((partial_0 + partial_1) + partial_2) + ...), in chunk order.
 #pragma omp for schedule(static)
         for (int64_t row = 0; row < BHq * L; ++row) {
+          T* dq = row_of(p.dq, row);
           for (int64_t e = 0; e < E; ++e) {
             T sum = partial[row * ldq + e];
             for (int64_t c = 1; c < C; ++c) sum += partial[(c * BHq * L + row) * ldq + e];
-            dq[row * E + e] = scale * sum;
+            dq[e] = scale * sum;
           }
         }
       }
@@ -897,24 +968,13 @@ void BackwardT(const Problem& p, const T* out, const T* lse, const T* dout, T* d
 
 // ---- exported per-target entry points ---------------------------------------------------------
 
-void ForwardFloat(const Problem& p, void* out, void* lse) {
-  ForwardT<float>(p, static_cast<float*>(out), static_cast<float*>(lse));
+void ForwardFloat(const Problem& p) { ForwardT<float>(p); }
+void ForwardDouble(const Problem& p) { ForwardT<double>(p); }
+void BackwardFloat(const Problem& p, void* dsinks) {
+  BackwardT<float>(p, static_cast<float*>(dsinks));
 }
-void ForwardDouble(const Problem& p, void* out, void* lse) {
-  ForwardT<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
-}
-void BackwardFloat(const Problem& p, const void* out, const void* lse, const void* dout, void* dq,
-                   void* dk, void* dv, void* dsinks) {
-  BackwardT<float>(p, static_cast<const float*>(out), static_cast<const float*>(lse),
-                   static_cast<const float*>(dout), static_cast<float*>(dq),
-                   static_cast<float*>(dk), static_cast<float*>(dv), static_cast<float*>(dsinks));
-}
-void BackwardDouble(const Problem& p, const void* out, const void* lse, const void* dout, void* dq,
-                    void* dk, void* dv, void* dsinks) {
-  BackwardT<double>(p, static_cast<const double*>(out), static_cast<const double*>(lse),
-                    static_cast<const double*>(dout), static_cast<double*>(dq),
-                    static_cast<double*>(dk), static_cast<double*>(dv),
-                    static_cast<double*>(dsinks));
+void BackwardDouble(const Problem& p, void* dsinks) {
+  BackwardT<double>(p, static_cast<double*>(dsinks));
 }
 const char* TargetNameOfKernel() { return hwy::TargetName(HWY_TARGET); }
 void ExpForTest(const float* x, float* y, size_t n) {
@@ -937,20 +997,19 @@ HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
-void fast_forward(const Problem& p, void* out, void* lse) {
+void fast_forward(const Problem& p) {
   if (p.dtype == DType::float64) {
-    HWY_DYNAMIC_DISPATCH(ForwardDouble)(p, out, lse);
+    HWY_DYNAMIC_DISPATCH(ForwardDouble)(p);
   } else {
-    HWY_DYNAMIC_DISPATCH(ForwardFloat)(p, out, lse);
+    HWY_DYNAMIC_DISPATCH(ForwardFloat)(p);
   }
 }
 
-void fast_backward(const Problem& p, const void* out, const void* lse, const void* grad_out,
-                   void* dq, void* dk, void* dv, void* dsinks) {
+void fast_backward(const Problem& p, void* dsinks) {
   if (p.dtype == DType::float64) {
-    HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, out, lse, grad_out, dq, dk, dv, dsinks);
+    HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, dsinks);
   } else {
-    HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, out, lse, grad_out, dq, dk, dv, dsinks);
+    HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, dsinks);
   }
 }
 

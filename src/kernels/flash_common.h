@@ -149,6 +149,9 @@ void mask_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t l, 
     case DType::float64:
       add_additive_mask(static_cast<const double*>(m.data) + base, st, hi - lo, vis);
       break;
+    case DType::float16:  // refused for masks by resolve_problem
+    case DType::bfloat16:
+      break;
   }
 }
 

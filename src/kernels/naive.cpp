@@ -8,6 +8,8 @@
 // Forward per head:  S = scale * Q K^T (sgemm) ; P = softmax(S + mask) row by row ; O = P V (sgemm)
 // Backward per head: P recomputed ; dV += P^T dO ; dP = dO V^T ; dS = P * (dP - rowsum(P * dP)) ;
 //                    dQ = scale * dS K ; dK += scale * dS^T Q      (five sgemm calls)
+// Every operand is read and written through its strides (BLAS leading dimensions for the rows,
+// the operand views of core/problem.h for the heads and batches), in place.
 // Memory: 2 * L * S elements (reused between calls). Threads: OpenBLAS's own for the products,
 // OpenMP for the softmax rows. Masked keys get probability exactly 0; unlike the fused kernel,
 // a NaN or inf stored at a masked-out key or value position can still leak through 0 * NaN in
@@ -47,9 +49,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
               static_cast<blasint>(ldc));
 }
 
-// P = softmax(S + mask) of one head, in place; lse_out (nullable) gets each row's log-sum-exp.
+// P = softmax(S + mask) of one head, in place; lse_out (nullable) gets each row's log-sum-exp,
+// row l at lse_out[l * lse_ld].
 template <class T>
-void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
+void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out, int64_t lse_ld) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t L = p.L, S = p.S;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
@@ -64,12 +67,12 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
     }
     if (any_nan) {  // std::max drops NaN; the row must not pass for one without visible keys
       std::fill_n(row, S, std::numeric_limits<T>::quiet_NaN());
-      if (lse_out != nullptr) lse_out[l] = std::numeric_limits<T>::quiet_NaN();
+      if (lse_out != nullptr) lse_out[l * lse_ld] = std::numeric_limits<T>::quiet_NaN();
       continue;
     }
     if (mx == kNegInf) {
       std::fill_n(row, S, T(0));
-      if (lse_out != nullptr) lse_out[l] = kNegInf;
+      if (lse_out != nullptr) lse_out[l * lse_ld] = kNegInf;
       continue;
     }
     T sum = 0;
@@ -79,42 +82,54 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, T* P, T* lse_out) {
     }
     const T inv = T(1) / sum;
     for (int64_t s = 0; s < S; ++s) row[s] *= inv;
-    if (lse_out != nullptr) lse_out[l] = mx + std::log(sum);
+    if (lse_out != nullptr) lse_out[l * lse_ld] = mx + std::log(sum);
   }
 }
 
-// One query head h of batch b: its slices of Q, K and V, and P = softmax(scale Q K^T + mask)
-// in P (passes 1 and 2; lse, nullable, is the base of the whole lse output).
+// BLAS rejects a leading dimension below the row width (or 1), which a tensor of one row may
+// have (its row stride never matters there).
+int64_t ld_of(int64_t stride, int64_t rows, int64_t width) {
+  return rows <= 1 ? std::max<int64_t>(width, 1) : stride;
+}
+
+// One query head h of batch b: its slices of Q, K and V with their row strides (BLAS leading
+// dimensions), and P = softmax(scale Q K^T + mask) in P (passes 1 and 2; lse, nullable, gets the
+// head's rows).
 template <class T>
 struct Head {
-  int64_t bhq, bhk;  // flat (batch, query head) and (batch, kv head)
+  int64_t hk;  // kv head
   const T *q, *k, *v;
+  int64_t ldq, ldk, ldv;
 };
 
 template <class T>
-Head<T> probabilities(const Problem& p, int64_t b, int64_t h, T* P, T* lse) {
+Head<T> probabilities(const Problem& p, int64_t b, int64_t h, T* P, const OutputView* lse) {
   const int64_t L = p.L, S = p.S, E = p.E;
   Head<T> hd;
-  hd.bhq = b * p.Hq + h;
-  hd.bhk = b * p.Hkv + h / p.group;
-  hd.q = static_cast<const T*>(p.query) + hd.bhq * L * E;
-  hd.k = static_cast<const T*>(p.key) + hd.bhk * S * E;
-  hd.v = static_cast<const T*>(p.value) + hd.bhk * S * p.Ev;
-  gemm(false, true, L, S, E, T(p.scale), hd.q, E, hd.k, E, T(0), P, S);  // S = scale Q K^T
-  softmax_rows(p, b, h, P, lse != nullptr ? lse + hd.bhq * L : nullptr);
+  hd.hk = h / p.group;
+  hd.q = p.q.row<T>(b, h, 0);
+  hd.k = p.k.row<T>(b, hd.hk, 0);
+  hd.v = p.v.row<T>(b, hd.hk, 0);
+  hd.ldq = ld_of(p.q.sl, L, E);
+  hd.ldk = ld_of(p.k.sl, S, E);
+  hd.ldv = ld_of(p.v.sl, S, p.Ev);
+  gemm(false, true, L, S, E, T(p.scale), hd.q, hd.ldq, hd.k, hd.ldk, T(0), P, S);  // scale Q K^T
+  const bool want_lse = lse != nullptr && lse->data != nullptr;
+  softmax_rows(p, b, h, P, want_lse ? lse->row<T>(b, h, 0) : nullptr, want_lse ? lse->sl : 0);
   return hd;
 }
 
 template <class T>
-void forward(const Problem& p, T* out, T* lse) {
+void forward(const Problem& p) {
   const int64_t L = p.L, S = p.S, Ev = p.Ev;
   T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(L * S) * sizeof(T)));
   openblas_set_num_threads(p.threads);
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.Hq; ++h) {
-      const Head<T> hd = probabilities(p, b, h, P, lse);
+      const Head<T> hd = probabilities(p, b, h, P, &p.lse);
       // pass 3: O = P V
-      gemm(false, false, L, Ev, S, T(1), P, S, hd.v, Ev, T(0), out + hd.bhq * L * Ev, Ev);
+      gemm(false, false, L, Ev, S, T(1), P, S, hd.v, hd.ldv, T(0), p.out.row<T>(b, h, 0),
+           ld_of(p.out.sl, L, Ev));
     }
   }
 }
@@ -129,47 +144,65 @@ bool all_finite(const T* x, int64_t n) {
 
 // A row that sees no key has P = 0 and must contribute nothing, but 0 * NaN in the products
 // would still carry a NaN or inf stored in its q or dO into dK and dV. When one head has such a
-// row, its q and dO are read from copies in which those rows are zero.
+// row, its q and dO (rows ldq and ldg apart) are read from C-order copies in which those rows
+// are zero.
 template <class T>
 void zero_rows_without_keys(const T* P, int64_t L, int64_t S, int64_t E, int64_t Ev, const T*& q,
-                            const T*& g, std::vector<T>& q_copy, std::vector<T>& g_copy) {
+                            int64_t& ldq, const T*& g, int64_t& ldg, std::vector<T>& q_copy,
+                            std::vector<T>& g_copy) {
   std::vector<int64_t> dirty;
   for (int64_t l = 0; l < L; ++l) {
     const T* pr = P + l * S;
     if (std::all_of(pr, pr + S, [](T x) { return x == T(0); }) &&
-        (!all_finite(q + l * E, E) || !all_finite(g + l * Ev, Ev))) {
+        (!all_finite(q + l * ldq, E) || !all_finite(g + l * ldg, Ev))) {
       dirty.push_back(l);
     }
   }
   if (dirty.empty()) return;
-  q_copy.assign(q, q + L * E);
-  g_copy.assign(g, g + L * Ev);
+  q_copy.resize(static_cast<std::size_t>(L * E));
+  g_copy.resize(static_cast<std::size_t>(L * Ev));
+  for (int64_t l = 0; l < L; ++l) {
+    std::copy_n(q + l * ldq, E, q_copy.begin() + l * E);
+    std::copy_n(g + l * ldg, Ev, g_copy.begin() + l * Ev);
+  }
   for (const int64_t l : dirty) {
     std::fill_n(q_copy.begin() + l * E, E, T(0));
     std::fill_n(g_copy.begin() + l * Ev, Ev, T(0));
   }
   q = q_copy.data();
   g = g_copy.data();
+  ldq = std::max<int64_t>(E, 1);
+  ldg = std::max<int64_t>(Ev, 1);
 }
 
 template <class T>
-void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
+void backward(const Problem& p) {
   const int64_t L = p.L, S = p.S, E = p.E, Ev = p.Ev;
   T* P = static_cast<T*>(call_shared().reserve(static_cast<std::size_t>(2 * L * S) * sizeof(T)));
   T* dS = P + L * S;
-  std::fill_n(dk, p.B * p.Hkv * S * E, T(0));
-  std::fill_n(dv, p.B * p.Hkv * S * Ev, T(0));
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.Hkv; ++h) {
+      for (int64_t s = 0; s < S; ++s) {
+        std::fill_n(p.dk.row<T>(b, h, s), E, T(0));
+        std::fill_n(p.dv.row<T>(b, h, s), Ev, T(0));
+      }
+    }
+  }
+  const int64_t lddq = ld_of(p.dq.sl, L, E), lddk = ld_of(p.dk.sl, S, E);
+  const int64_t lddv = ld_of(p.dv.sl, S, Ev);
   openblas_set_num_threads(p.threads);
   std::vector<T> q_copy, g_copy;
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.Hq; ++h) {
       const Head<T> hd = probabilities<T>(p, b, h, P, nullptr);
-      const int64_t bhq = hd.bhq, bhk = hd.bhk;
       const T *q = hd.q, *k = hd.k, *v = hd.v;
-      const T* g = dout + bhq * L * Ev;
-      zero_rows_without_keys(P, L, S, E, Ev, q, g, q_copy, g_copy);
-      gemm(true, false, S, Ev, L, T(1), P, S, g, Ev, T(1), dv + bhk * S * Ev, Ev);  // dV += P^T dO
-      gemm(false, true, L, S, Ev, T(1), g, Ev, v, Ev, T(0), dS, S);                 // dP = dO V^T
+      int64_t ldq = hd.ldq, ldg = ld_of(p.dout.sl, L, Ev);
+      const T* g = p.dout.row<T>(b, h, 0);
+      zero_rows_without_keys(P, L, S, E, Ev, q, ldq, g, ldg, q_copy, g_copy);
+      T* dk = p.dk.row<T>(b, hd.hk, 0);
+      T* dv = p.dv.row<T>(b, hd.hk, 0);
+      gemm(true, false, S, Ev, L, T(1), P, S, g, ldg, T(1), dv, lddv);    // dV += P^T dO
+      gemm(false, true, L, S, Ev, T(1), g, ldg, v, hd.ldv, T(0), dS, S);  // dP = dO V^T
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (int64_t l = 0; l < L; ++l) {  // dS = P * (dP - rowsum(P * dP))
         const T* pr = P + l * S;
@@ -178,30 +211,35 @@ void backward(const Problem& p, const T* dout, T* dq, T* dk, T* dv) {
         for (int64_t s = 0; s < S; ++s) D += pr[s] * dr[s];
         for (int64_t s = 0; s < S; ++s) dr[s] = pr[s] == T(0) ? T(0) : pr[s] * (dr[s] - D);
       }
-      gemm(false, false, L, E, S, T(p.scale), dS, S, k, E, T(0), dq + bhq * L * E, E);
-      gemm(true, false, S, E, L, T(p.scale), dS, S, q, E, T(1), dk + bhk * S * E, E);
+      gemm(false, false, L, E, S, T(p.scale), dS, S, k, hd.ldk, T(0), p.dq.row<T>(b, h, 0), lddq);
+      gemm(true, false, S, E, L, T(p.scale), dS, S, q, ldq, T(1), dk, lddk);
     }
   }
 }
 
 }  // namespace
 
-void naive_forward(const Problem& p, void* out, void* lse) {
+bool naive_reads_in_place(const Problem& p) {
+  const auto fits = [](const InputView& v, int64_t rows, int64_t width) {
+    return v.data == nullptr || rows <= 1 || v.sl >= std::max<int64_t>(width, 1);
+  };
+  return fits(p.q, p.L, p.E) && fits(p.k, p.S, p.E) && fits(p.v, p.S, p.Ev) &&
+         fits(p.dout, p.L, p.Ev);
+}
+
+void naive_forward(const Problem& p) {
   if (p.dtype == DType::float64) {
-    forward<double>(p, static_cast<double*>(out), static_cast<double*>(lse));
+    forward<double>(p);
   } else {
-    forward<float>(p, static_cast<float*>(out), static_cast<float*>(lse));
+    forward<float>(p);
   }
 }
 
-void naive_backward(const Problem& p, const void*, const void*, const void* grad_out, void* dq,
-                    void* dk, void* dv) {
+void naive_backward(const Problem& p) {
   if (p.dtype == DType::float64) {
-    backward<double>(p, static_cast<const double*>(grad_out), static_cast<double*>(dq),
-                     static_cast<double*>(dk), static_cast<double*>(dv));
+    backward<double>(p);
   } else {
-    backward<float>(p, static_cast<const float*>(grad_out), static_cast<float*>(dq),
-                    static_cast<float*>(dk), static_cast<float*>(dv));
+    backward<float>(p);
   }
 }
 

@@ -87,8 +87,14 @@ HWY_EXPORT(MaxFiniteDouble);
 
 namespace {
 
-double max_finite_abs(const void* x, std::int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(static_cast<const float*>(x), n, true);
+// The largest finite |x| of a (B, H, L, width) float32 operand, read through its strides.
+double max_finite_abs(const InputView& v, std::int64_t B, std::int64_t H, std::int64_t L,
+                      std::int64_t width) {
+  double m = 0.0;
+  for_each_run<float>(v, B, H, L, width, [&](const float* x, std::int64_t n) {
+    m = std::max<double>(m, HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(x, n, true));
+  });
+  return m;
 }
 
 double max_positive_mask(const MaskView& m) {
@@ -109,9 +115,9 @@ double max_positive_mask(const MaskView& m) {
 
 bool float32_may_overflow(const Problem& p, const void* grad_out) {
   constexpr double kLimit = 1e36;
-  const double mq = max_finite_abs(p.query, p.B * p.Hq * p.L * p.E);
-  const double mk = max_finite_abs(p.key, p.B * p.Hkv * p.S * p.E);
-  const double mv = max_finite_abs(p.value, p.B * p.Hkv * p.S * p.Ev);
+  const double mq = max_finite_abs(p.q, p.B, p.Hq, p.L, p.E);
+  const double mk = max_finite_abs(p.k, p.B, p.Hkv, p.S, p.E);
+  const double mv = max_finite_abs(p.v, p.B, p.Hkv, p.S, p.Ev);
   const double scale = std::fabs(p.scale);
   const double L = static_cast<double>(p.L), S = static_cast<double>(p.S);
   const double E = static_cast<double>(p.E), Ev = static_cast<double>(p.Ev);
@@ -131,7 +137,12 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   // The backward: |dP| and |rowsum(dO o O)| <= Ev max|dO| max|v|, |dS| <= twice that;
   // dQ sums S terms of scale dS k, dK sums the L rows of every query head of its group, dV
   // sums those rows' P dO.
-  const double mdo = max_finite_abs(grad_out, p.B * p.Hq * p.L * p.Ev);
+  // grad_out is laid out as p.dout says, or in C order when p.dout is not bound.
+  InputView g = p.dout;
+  if (g.data != grad_out) {
+    g = InputView{grad_out, DType::float32, p.Hq * p.L * p.Ev, p.L * p.Ev, p.Ev};
+  }
+  const double mdo = max_finite_abs(g, p.B, p.Hq, p.L, p.Ev);
   const double rows = L * static_cast<double>(p.group);
   const double ds = 2 * Ev * mdo * mv;
   return ds > kLimit || sc * S * ds * mk > kLimit || sc * rows * ds * mq > kLimit ||

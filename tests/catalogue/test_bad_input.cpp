@@ -91,7 +91,7 @@ class BadInput : public ::testing::Test {
     raw("zero_huge.npy", npy_bytes(dict("<f4", "(0, 4611686018427387904, 4)"), ""));
     raw("negative.npy", npy_bytes(dict("<f4", "(-2, 3)"), d24));
     raw("int32.npy", npy_bytes(dict("<i4", "(2, 3)"), d24));
-    raw("float16.npy", npy_bytes(dict("<f2", "(2, 6)"), d24));
+    raw("int16.npy", npy_bytes(dict("<i2", "(2, 6)"), d24));
     raw("complex.npy", npy_bytes(dict("<c8", "(3,)"), d24));
     raw("uint8.npy", npy_bytes(dict("|u1", "(24,)"), d24));
     raw("object.npy", npy_bytes(dict("|O", "(3,)"), d24));
@@ -156,7 +156,7 @@ std::vector<Row> catalogue() {
       {"zero-size shape whose other dimensions overflow", {{"--query", "@zero_huge.npy"}}, "2^62"},
       {"negative dimension", {{"--query", "@negative.npy"}}, "malformed"},
       {"int32 dtype", {{"--query", "@int32.npy"}}, "unsupported dtype '<i4'"},
-      {"float16 dtype", {{"--query", "@float16.npy"}}, "unsupported dtype '<f2'"},
+      {"int16 dtype", {{"--query", "@int16.npy"}}, "unsupported dtype '<i2'"},
       {"complex dtype", {{"--query", "@complex.npy"}}, "unsupported dtype '<c8'"},
       {"uint8 dtype", {{"--key", "@uint8.npy"}}, "unsupported dtype '|u1'"},
       {"object dtype", {{"--value", "@object.npy"}}, "unsupported dtype '|O'"},

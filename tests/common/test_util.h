@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/core/half.h"  // header-only; tests linking only the public library use it too
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -21,6 +22,10 @@ inline Array random_array(DType dtype, std::vector<std::int64_t> shape, std::uin
   for (std::int64_t i = 0; i < a.numel(); ++i) {
     if (dtype == DType::float32) {
       a.data_as<float>()[i] = static_cast<float>(normal(rng));
+    } else if (dtype == DType::float16) {
+      a.data_as<std::uint16_t>()[i] = detail::float64_to_float16(normal(rng));
+    } else if (dtype == DType::bfloat16) {
+      a.data_as<std::uint16_t>()[i] = detail::float64_to_bfloat16(normal(rng));
     } else if (dtype == DType::float64) {
       a.data_as<double>()[i] = normal(rng);
     } else {
@@ -38,6 +43,10 @@ inline double get(const Array& a, std::int64_t i) {
       return a.data_as<double>()[i];
     case DType::boolean:
       return a.data_as<std::uint8_t>()[i];
+    case DType::float16:
+      return detail::float16_to_float(a.data_as<std::uint16_t>()[i]);
+    case DType::bfloat16:
+      return detail::bfloat16_to_float(a.data_as<std::uint16_t>()[i]);
   }
   return 0;
 }
@@ -47,6 +56,10 @@ inline void set(Array& a, std::int64_t i, double v) {
     a.data_as<float>()[i] = static_cast<float>(v);
   } else if (a.dtype() == DType::float64) {
     a.data_as<double>()[i] = v;
+  } else if (a.dtype() == DType::float16) {
+    a.data_as<std::uint16_t>()[i] = detail::float64_to_float16(v);
+  } else if (a.dtype() == DType::bfloat16) {
+    a.data_as<std::uint16_t>()[i] = detail::float64_to_bfloat16(v);
   } else {
     a.data_as<std::uint8_t>()[i] = v != 0.0;
   }

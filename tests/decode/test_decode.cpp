@@ -262,7 +262,7 @@ std::vector<CacheCase> sweep(DType dtype, int count, std::uint64_t seed) {
     const auto& g = groups[rng() % 6];
     c.Hq = g[0];
     c.Hkv = g[1];
-    c.E = pick({1, 3, 16, 17, 33, 64});
+    c.E = pick({1, 3, 16, 17, 33, 64, 128});
     c.Ev = n % 3 == 0 ? pick({1, 5, 31, 64}) : c.E;
     c.page = pick({0, 16, 256});
     c.batch = 1 + static_cast<int64_t>(rng() % 3);
@@ -599,7 +599,7 @@ TEST(DecodeForward, ChunkRuleIsFixed) {
   // At most 16 chunks of at least 512 keys, a multiple of the tile; independent of threads.
   EXPECT_EQ(sdpa::detail::decode_chunk_keys(0), 512);
   EXPECT_EQ(sdpa::detail::decode_chunk_keys(512), 512);
-  EXPECT_EQ(sdpa::detail::decode_chunk_keys(8193), 544);
+  EXPECT_EQ(sdpa::detail::decode_chunk_keys(8193), 528);  // ceil(8193 / 16) rounded up to 16
   EXPECT_EQ(sdpa::detail::decode_chunk_keys(32768), 2048);
   for (int64_t S : {1, 600, 5000, 32768, 100001}) {
     const int64_t c = sdpa::detail::decode_chunk_keys(S);
@@ -624,6 +624,11 @@ TEST(Decode, EveryCompiledTarget) {
       check_case(c);
     for (const CacheCase& c : sweep(DType::float64, 2, 200)) check_case(c);
     check_forward(4, 2, 3, 611, 80, 80, sdpa::Causal::lower_right, 2, DType::float32, 7);
+    // E = Ev = 64 and 128 take the kernel's paths with the vector count fixed at compile time;
+    // 1100 keys make three chunks, the last one partial.
+    check_forward(8, 2, 1, 1100, 128, 128, sdpa::Causal::none, 0, DType::float32, 8);
+    check_forward(4, 4, 2, 1100, 64, 64, sdpa::Causal::lower_right, 1, DType::float32, 9);
+    check_forward(4, 1, 1, 1100, 128, 128, sdpa::Causal::none, 0, DType::float64, 10);
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_TRUE(saw_scalar) << "the SCALAR target should be compiled and tested";
