@@ -5,7 +5,12 @@ sdpa.torch, and reports each run's peak memory (the process's maximum resident s
 configuration in a fresh process so that the figures do not mix).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/train_step.py [--seq 1024 4096] [--steps 5]
-        [--threads 2] [--seed 1] [--json]
+        [--rounds 1] [--threads 2] [--seed 1] [--json]
+
+--rounds R runs the pair of processes (torch, then sdpa) R times in alternation and quotes the
+median over rounds, so that a load that changes during the run (a shared machine) weighs on
+both alike; each row also gives the process CPU time per step (user + system of all its
+threads), steadier than wall time when other processes compete for the cores.
 
 torch's attention: F.scaled_dot_product_attention where it exists (PyTorch >= 2.0), else torch
 1.13's private F._scaled_dot_product_attention, else the composite softmax(q k^T) v; all three
@@ -59,9 +64,9 @@ def child(impl, seq, steps, threads, seed):
     else:
         name, attention = torch_attention_fn()
     batch = torch.randint(0, gpt.VOCAB, (1, seq + 1))
-    times = []
+    times, cpu = [], []
     for i in range(steps + 1):  # the first step warms up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = model(batch[:, :-1], attention)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, gpt.VOCAB),
                                                  batch[:, 1:].reshape(-1))
@@ -70,9 +75,11 @@ def child(impl, seq, steps, threads, seed):
         opt.step()
         if i > 0:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({"impl": impl, "attention": name, "seq": seq, "step_ms":
-                      1e3 * statistics.median(times), "peak_rss_mb": peak_mb}))
+                      1e3 * statistics.median(times), "step_cpu_ms": 1e3 * statistics.median(cpu),
+                      "peak_rss_mb": peak_mb}))
 
 
 def main():
@@ -80,6 +87,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run (median quoted)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternating (torch, sdpa) process pairs per sequence (median quoted)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -88,27 +97,41 @@ def main():
     if a.child:
         child(a.child[0], int(a.child[1]), a.steps, a.threads, a.seed)
         return
+    if a.rounds < 1 or a.steps < 1:
+        ap.error("--rounds and --steps: expected at least 1")
     rows = []
     for seq in a.seq:
+        runs = {"torch": [], "sdpa": []}
+        for r in range(a.rounds):
+            for impl in ("torch", "sdpa"):
+                print(f"train_step: {impl} at sequence {seq} (round {r + 1} of {a.rounds}) ...",
+                      file=sys.stderr, flush=True)
+                out = subprocess.run([sys.executable, __file__, "--child", impl, str(seq),
+                                      "--steps", str(a.steps), "--threads", str(a.threads),
+                                      "--seed", str(a.seed)], check=True, capture_output=True,
+                                     text=True)
+                runs[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
         for impl in ("torch", "sdpa"):
-            print(f"train_step: {impl} at sequence {seq} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--child", impl, str(seq), "--steps",
-                                  str(a.steps), "--threads", str(a.threads), "--seed",
-                                  str(a.seed)], check=True, capture_output=True, text=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            row = dict(runs[impl][0])
+            for key in ("step_ms", "step_cpu_ms"):
+                row[key] = statistics.median(x[key] for x in runs[impl])
+            row["step_ms_rounds"] = [x["step_ms"] for x in runs[impl]]
+            row["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs[impl])
+            rows.append(row)
     for seq in a.seq:
         t, s = (next(r for r in rows if r["seq"] == seq and r["impl"] == i)
                 for i in ("torch", "sdpa"))
         s["speedup_vs_torch"] = t["step_ms"] / s["step_ms"]
     if a.json:
-        print(json.dumps({"threads": a.threads, "steps": a.steps, "seed": a.seed, "rows": rows},
-                         indent=1))
+        print(json.dumps({"threads": a.threads, "steps": a.steps, "rounds": a.rounds,
+                          "seed": a.seed, "rows": rows}, indent=1))
         return
-    print(f"{'seq':>6} {'attention':<32} {'step ms':>9} {'peak RSS MB':>12} {'speedup':>8}")
+    print(f"{'seq':>6} {'attention':<32} {'step ms':>9} {'CPU ms':>9} {'peak RSS MB':>12} "
+          f"{'speedup':>8}")
     for r in rows:
         sp = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else ""
-        print(f"{r['seq']:>6} {r['attention']:<32} {r['step_ms']:>9.1f} {r['peak_rss_mb']:>12.0f}"
-              f" {sp:>8}")
+        print(f"{r['seq']:>6} {r['attention']:<32} {r['step_ms']:>9.1f} {r['step_cpu_ms']:>9.1f} "
+              f"{r['peak_rss_mb']:>12.0f} {sp:>8}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 // with the signature of FlashAttention's flash_attn_with_kvcache.
 //
 // The caches are written in place, so they are taken as they are: C-contiguous, aligned,
-// writeable NumPy arrays of float32 or float64 (anything else raises, rather than updating a
-// copy the caller never sees). q, k and v may be anything numpy.asarray accepts; they are copied
+// writeable NumPy arrays of float32, float64 or float16 (anything else raises, rather than updating
+// a copy the caller never sees). q, k and v may be anything numpy.asarray accepts; they are copied
 // only when not already C-contiguous. cache_seqlens and block_table take any integer dtype whose
 // values fit int32. Errors as in the rest of the module: TypeError when about a dtype,
 // ValueError otherwise; a refused call changes nothing.
@@ -31,10 +31,12 @@ std::string text_of(const py::handle& obj) { return py::str(obj).cast<std::strin
 std::optional<sdpa::DType> float_dtype(const py::dtype& dt) {
   if (dt.kind() == 'f' && dt.itemsize() == 4) return sdpa::DType::float32;
   if (dt.kind() == 'f' && dt.itemsize() == 8) return sdpa::DType::float64;
+  if (dt.kind() == 'f' && dt.itemsize() == 2) return sdpa::DType::float16;
   return std::nullopt;
 }
 
 py::dtype numpy_dtype(sdpa::DType d) {
+  if (d == sdpa::DType::float16) return py::dtype("float16");
   return d == sdpa::DType::float64 ? py::dtype::of<double>() : py::dtype::of<float>();
 }
 
@@ -48,7 +50,8 @@ Floating floating(const py::handle& obj, const std::string& what) {
   py::array a = np.attr("asarray")(obj);
   const std::optional<sdpa::DType> d = float_dtype(a.dtype());
   if (!d)
-    throw py::type_error(what + ": expected dtype float32 or float64, got " + text_of(a.dtype()));
+    throw py::type_error(what + ": expected dtype float32, float64 or float16, got " +
+                         text_of(a.dtype()));
   py::list requirements;
   for (const char* r : {"C", "A", "E"}) requirements.append(r);
   a = np.attr("require")(a, numpy_dtype(*d), requirements);
@@ -68,7 +71,8 @@ Cache cache(const py::handle& obj, const std::string& what) {
   py::array a = py::reinterpret_borrow<py::array>(obj);
   const std::optional<sdpa::DType> d = float_dtype(a.dtype());
   if (!d || !a.dtype().is(numpy_dtype(*d))) {
-    throw py::type_error(what + ": expected dtype float32 or float64 in native byte order, got " +
+    throw py::type_error(what +
+                         ": expected dtype float32, float64 or float16 in native byte order, got " +
                          text_of(a.dtype()));
   }
   const int flags = py::detail::array_proxy(a.ptr())->flags;
@@ -169,7 +173,8 @@ k / v (batch, L_new, Hkv, .): written into the caches at cache_seqlens[b] (in pl
 attended to; cache_seqlens itself is not advanced. causal: lower-right aligned (query l sees
 rows s <= l + S_b - L with S_b = cache_seqlens[b] + L_new). Hq a multiple of Hkv (GQA).
 Returns out (batch, L, Hq, Ev), or (out, lse) with lse (batch, Hq, L) when return_lse.
-The caches must be C-contiguous, writeable float32/float64 arrays of q's dtype. Everything is
+The caches must be C-contiguous, writeable float32/float64 arrays of q's dtype, or float16
+with a float32 q (k / v then float16 too; out and lse are float32). Everything is
 checked before anything is written: a refused call leaves the caches unchanged. The GIL is
 released during the computation.
 )doc";

@@ -4,8 +4,9 @@
 // Every function works the same way:
 //   1. with the GIL held, each array argument becomes a C-contiguous, aligned NumPy array of a
 //      native dtype: the caller's own array when it already is one (zero-copy), a copy otherwise
-//      (non-contiguous views, broadcast views, byte-swapped floats). Other dtypes (float16,
-//      integers, bool for query/key/value) raise TypeError: converting them silently would change
+//      (non-contiguous views, broadcast views, byte-swapped floats). float16 is taken as it is,
+//      uint16 as bfloat16 bit patterns (docs/precision.md). Other dtypes (other integers, bool
+//      for query/key/value) raise TypeError: converting them silently would change
 //      the dtype of the result, which is always the query's;
 //   2. the outputs are allocated as fresh NumPy arrays, so nothing half-written is ever visible;
 //   3. the GIL is released for the computation itself (py::gil_scoped_release), so other Python
@@ -115,6 +116,9 @@ std::string text_of(const py::handle& obj) { return py::str(obj).cast<std::strin
 std::optional<sdpa::DType> accepted_dtype(const py::dtype& dt) {
   if (dt.kind() == 'f' && dt.itemsize() == 4) return sdpa::DType::float32;
   if (dt.kind() == 'f' && dt.itemsize() == 8) return sdpa::DType::float64;
+  if (dt.kind() == 'f' && dt.itemsize() == 2) return sdpa::DType::float16;
+  // NumPy has no bfloat16: uint16 arrays carry its bit patterns (docs/precision.md).
+  if (dt.kind() == 'u' && dt.itemsize() == 2) return sdpa::DType::bfloat16;
   if (dt.kind() == 'b') return sdpa::DType::boolean;
   return std::nullopt;
 }
@@ -154,10 +158,16 @@ Input prepare(const py::handle& obj, const std::string& what, Role role) {
   const py::dtype dt = a.dtype();
   const std::optional<sdpa::DType> d = accepted_dtype(dt);
   if (role == Role::floating && (!d || *d == sdpa::DType::boolean)) {
-    throw py::type_error(what + ": expected dtype float32 or float64, got " + text_of(dt));
+    throw py::type_error(what +
+                         ": expected dtype float32, float64, float16 or uint16 (bfloat16 bits), "
+                         "got " +
+                         text_of(dt));
   }
   if (role == Role::mask && !d) {
-    throw py::type_error(what + ": expected dtype bool, float32 or float64, got " + text_of(dt));
+    throw py::type_error(what +
+                         ": expected dtype bool, float32, float64, float16 or uint16 (bfloat16 "
+                         "bits), got " +
+                         text_of(dt));
   }
   if (role == Role::mask) {
     // A broadcast view (np.broadcast_to) repeats data with stride 0. The C++ API broadcasts a
@@ -353,8 +363,10 @@ py::object forward(const py::object& query, const py::object& key, const py::obj
     py::array lse;
     sdpa::MutableTensorRef lse_ref;
     if (return_lse) {
-      lse = new_array(d, sdpa::attention_lse_shape(in.query.ref));
-      lse_ref = mutable_ref(lse, d);
+      const sdpa::DType ld =  // float32 for a 16-bit query
+          d == sdpa::DType::float16 || d == sdpa::DType::bfloat16 ? sdpa::DType::float32 : d;
+      lse = new_array(ld, sdpa::attention_lse_shape(in.query.ref));
+      lse_ref = mutable_ref(lse, ld);
     }
     {
       py::gil_scoped_release release;
@@ -398,10 +410,11 @@ py::tuple backward(const py::object& query, const py::object& key, const py::obj
     const Input grad_in = prepare(grad_out, "grad_out", Role::floating);
     const sdpa::DType d = in.query.ref.dtype;
     py::array dq = new_array(d, in.query.ref.shape);
-    py::array dk = new_array(d, in.key.ref.shape);
-    py::array dv = new_array(d, in.value.ref.shape);
-    const sdpa::MutableTensorRef dq_ref = mutable_ref(dq, d), dk_ref = mutable_ref(dk, d),
-                                 dv_ref = mutable_ref(dv, d);
+    const sdpa::DType dkv = in.key.ref.dtype;  // a 16-bit KV's gradients have its dtype
+    py::array dk = new_array(dkv, in.key.ref.shape);
+    py::array dv = new_array(in.value.ref.dtype, in.value.ref.shape);
+    const sdpa::MutableTensorRef dq_ref = mutable_ref(dq, d), dk_ref = mutable_ref(dk, dkv),
+                                 dv_ref = mutable_ref(dv, in.value.ref.dtype);
     // With sinks, their gradient comes fourth.
     py::array ds = new_array(d, {static_cast<std::int64_t>(options.sinks.size())});
     const sdpa::MutableTensorRef ds_ref = mutable_ref(ds, d);
@@ -440,6 +453,10 @@ Input prepare_rows(const py::object& x, const std::string& what, int axis) {
                           sdpa::shape_string(shape_of(a)) + ", got " + std::to_string(axis));
   }
   if (axis != -1 && axis != rank - 1) a = np.attr("moveaxis")(a, axis, -1);
+  const std::optional<sdpa::DType> d = accepted_dtype(a.dtype());
+  if (d != sdpa::DType::float32 && d != sdpa::DType::float64) {  // no 16-bit softmax
+    throw py::type_error(what + ": expected dtype float32 or float64, got " + text_of(a.dtype()));
+  }
   return prepare(a, what, Role::floating);
 }
 

@@ -29,6 +29,8 @@ using Described =
 sdpa::DType dtype_of(const std::string& name, const std::string& what) {
   if (name == "float32") return sdpa::DType::float32;
   if (name == "float64") return sdpa::DType::float64;
+  if (name == "float16") return sdpa::DType::float16;
+  if (name == "bfloat16") return sdpa::DType::bfloat16;  // torch.bfloat16's bits, as sdpa's
   if (name == "bool") return sdpa::DType::boolean;
   throw py::type_error(what + ": expected dtype float32, float64 or bool, got " + name);
 }

@@ -153,7 +153,8 @@ void run(const AttentionArgs& a) {
 
   Array out(q.dtype() == DType::boolean ? DType::float32 : q.dtype(),
             attention_output_shape(q, k, v, options));
-  Array lse(out.dtype(), attention_lse_shape(q));
+  const bool half = out.dtype() == DType::float16 || out.dtype() == DType::bfloat16;
+  Array lse(half ? DType::float32 : out.dtype(), attention_lse_shape(q));  // float32 for 16-bit
   const MutableTensorRef lse_ref = lse.mut();
   attention_forward(q, k, v, mask ? &mask_ref : nullptr, options, out.mut(), &lse_ref);
 

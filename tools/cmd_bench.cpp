@@ -20,6 +20,8 @@ struct BenchArgs {
   bench::BenchConfig config;
   std::string causal = "none";
   std::string impl = "fast";
+  std::string dtype = "float32";
+  std::string kv_dtype = "float32";
   bool peak = false;
   bool json = false;
 #ifdef SDPA_HAS_MPI
@@ -51,12 +53,12 @@ void print_human(const nlohmann::json& j) {
 
 void print_decode(const nlohmann::json& j) {
   std::cout << fmt::format(
-      "kv-cache: B={} Hq={} Hkv={} L={} S_max={} E={} Ev={} page={} causal={}\n",
+      "kv-cache: B={} Hq={} Hkv={} L={} S_max={} E={} Ev={} page={} causal={} cache {}\n",
       j["batch"].get<std::int64_t>(), j["heads"].get<std::int64_t>(),
       j["kv_heads"].get<std::int64_t>(), j["seq"].get<std::int64_t>(),
       j["kv_seq"].get<std::int64_t>(), j["dim"].get<std::int64_t>(),
       j["value_dim"].get<std::int64_t>(), j["page_size"].get<std::int64_t>(),
-      j["causal"].get<std::string>());
+      j["causal"].get<std::string>(), j["kv_dtype"].get<std::string>());
   std::cout << fmt::format("  seconds: median {:.6f}  min {:.6f}  max {:.6f}  ({} runs)\n",
                            j["seconds_median"].get<double>(), j["seconds_min"].get<double>(),
                            j["seconds_max"].get<double>(), j["repeat"].get<int>());
@@ -81,7 +83,8 @@ void add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time attention on random float32 inputs: median/min/max seconds, GFLOP/s (forward "
+      "Time attention on random inputs (float32, or --dtype): median/min/max seconds, GFLOP/s "
+      "(forward "
       "4*B*H*L*S*E, halved when causal; backward 2.5x), % of the measured FP32 peak");
   bench::BenchConfig& c = a->config;
   cmd->add_option("--batch", c.batch, "B")->capture_default_str();
@@ -98,6 +101,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--impl", a->impl, "fast, reference or naive")
       ->check(CLI::IsMember({"fast", "reference", "naive"}))
       ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "query/key/value dtype: float32, or float16 / bfloat16 (float32 arithmetic; "
+                  "docs/precision.md)")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
+      ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (0: one per core)")
       ->check(threads_validator())
       ->capture_default_str();
@@ -112,6 +120,11 @@ void add_bench_command(CLI::App& app) {
                   "with --kv-cache: one cache length per sequence (sets the batch), e.g. "
                   "--kv-lens 500 4000 32768")
       ->delimiter(',');
+  cmd->add_option("--kv-dtype", a->kv_dtype,
+                  "with --kv-cache: dtype of the caches (float32, float16 or bfloat16; the "
+                  "queries stay float32)")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
+      ->capture_default_str();
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
                 "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");
@@ -147,6 +160,9 @@ void add_bench_command(CLI::App& app) {
     }
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
+    a->config.dtype = a->dtype == "bfloat16"  ? DType::bfloat16
+                      : a->dtype == "float16" ? DType::float16
+                                              : DType::float32;
 #ifdef SDPA_HAS_MPI
     if (!a->context_parallel.strategy.empty()) {
       return run_context_parallel_bench(a->config, a->context_parallel, a->json);
@@ -154,6 +170,9 @@ void add_bench_command(CLI::App& app) {
 #endif
     if (a->config.kv_cache) {
       if (cmd->count("--seq") == 0) a->config.seq = 1;
+      a->config.kv_dtype = a->kv_dtype == "float16"    ? DType::float16
+                           : a->kv_dtype == "bfloat16" ? DType::bfloat16
+                                                       : DType::float32;
       const nlohmann::json j = bench::run_decode_bench(a->config);
       if (a->json) {
         std::cout << j.dump() << "\n";

@@ -21,9 +21,12 @@
 // reads cache head h / (Hq / Hkv). scale defaults to 1/sqrt(E). A sequence with no visible row
 // (S_b = 0) gives out = 0, lse = -inf. cache_seqlens is only read: the caller advances it.
 //
-// All tensors of floating type share one dtype (float32 or float64); the caches are read where
-// they lie, never copied. The computation is the decode kernel (src/kernels/decode.cpp): every
-// K/V byte read once per GQA group, bit-identical results for any thread count.
+// Dtypes: q, out and lse share one dtype, float32 or float64. The caches (and k, v) have one
+// dtype between them: q's, or with a float32 q also float16 or bfloat16, which halves the bytes
+// a step reads; they are widened to float32 exactly, in registers (the arithmetic is float32's).
+// Any other mix is refused. The caches are read where they lie, never copied. The computation is
+// the decode kernel (src/kernels/decode.cpp): every K/V byte read once per GQA group, bit-identical
+// results for any thread count.
 //
 // Errors: sdpa::Error naming the argument, what was expected and what was given, for bad
 // shapes, dtypes or heads, a sequence length past the capacity or an append that would pass

@@ -176,14 +176,18 @@ std::vector<std::int64_t> attention_output_shape(const TensorRef& query, const T
 std::vector<std::int64_t> attention_lse_shape(const TensorRef& query);
 
 /// out (and lse when given) from query, key, value and an optional mask (nullptr for none).
-/// query, key and value share one dtype (float32 or float64); out and lse have that dtype.
+/// query, key and value share one dtype (float32, float64, float16 or bfloat16), except that a
+/// float32 or bfloat16 query may read key and value of one 16-bit dtype (a half-precision KV
+/// cache). out has the query's dtype; lse too, but float32 for a 16-bit query. A mask is bool
+/// or additive of any float dtype. 16-bit arithmetic: docs/precision.md.
 void attention_forward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                        const TensorRef* mask, const AttentionOptions& options,
                        const MutableTensorRef& out, const MutableTensorRef* lse = nullptr);
 
-/// Gradients of sum(out * grad_out) with respect to query, key and value (and, when
-/// grad_sinks is given, with the query's dtype and shape (Hq,), the options' sinks). `out` and
-/// `lse` are the forward's results for the same inputs and options. The reference implementation
+/// Gradients of sum(out * grad_out) with respect to query, key and value, each of its input's
+/// dtype (grad_out: out's), and, when grad_sinks is given (float32 or float64 inputs, the
+/// query's dtype, shape (Hq,)), the options' sinks. `out` and `lse` are
+/// the forward's results for the same inputs and options. The reference implementation
 /// recomputes them in float64 from the inputs (it is the oracle) and only checks their shapes.
 void attention_backward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                         const TensorRef* mask, const TensorRef& out, const TensorRef& lse,

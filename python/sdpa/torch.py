@@ -8,8 +8,8 @@
         loss = model(x)
     sdpa.torch.patch(model)       # nn.MultiheadAttention submodules call sdpa
 
-PyTorch 2.x's signature and semantics, on CPU tensors of PyTorch 1.13 and later (float32 and
-float64). Tensors are passed to the C++ library by pointer, shape and strides: (N, H, L, E)
+PyTorch 2.x's signature and semantics, on CPU tensors of PyTorch 1.13 and later (float32,
+float64, float16 and bfloat16; see docs/precision.md). Tensors are passed to the C++ library by pointer, shape and strides: (N, H, L, E)
 tensors, (N, L, H, E) views transposed to (N, H, L, E), slices of a packed QKV projection and
 expanded (stride 0) masks go in as they are. The GIL is released while the library computes.
 See docs/python.md.
@@ -25,7 +25,15 @@ from . import _sdpa
 
 __all__ = ["scaled_dot_product_attention", "use", "patch", "unpatch"]
 
-_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool"}
+_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool",
+          torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _kv_dtype_ok(q, kv):
+    """The library's rule: one dtype, or a float32/bfloat16 query on a 16-bit key/value."""
+    return kv == q or (kv in _HALF and q in (torch.float32, torch.bfloat16))
 
 
 def _describe(t):
@@ -125,7 +133,8 @@ class _Attention(torch.autograd.Function):
                 sinks, variants):
         out = _empty_like_layout(query, tuple(query.shape[:-1]) + tuple(value.shape[-1:]),
                                  query.dtype)
-        lse = torch.empty(tuple(query.shape[:-1]), dtype=query.dtype)
+        lse = torch.empty(tuple(query.shape[:-1]),
+                          dtype=torch.float32 if query.dtype in _HALF else query.dtype)
         kw = dict(variants)
         if sinks is not None:
             kw["sinks"] = sinks.detach().to(torch.float64).numpy()
@@ -146,8 +155,8 @@ class _Attention(torch.autograd.Function):
         if g.dtype != query.dtype:
             g = g.to(query.dtype)
         dq = _empty_like_layout(query, query.shape, query.dtype)
-        dk = _empty_like_layout(key, key.shape, query.dtype)
-        dv = _empty_like_layout(value, value.shape, query.dtype)
+        dk = _empty_like_layout(key, key.shape, key.dtype)
+        dv = _empty_like_layout(value, value.shape, value.dtype)
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[9]:
             dsinks = torch.empty(sinks.shape, dtype=query.dtype)
@@ -178,10 +187,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """softmax(query @ key.transpose(-2, -1) * scale + attn_mask) @ value, as
     torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x), with autograd.
 
-    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): CPU tensors, float32 or
-    float64, all one dtype, any strides whose last dimension is contiguous, read in place (a
-    tensor whose last dimension is strided is copied first). out is laid out in memory like
-    query (a (N, L, H, E) view gives a (N, L, H, Ev) out), the gradients like their inputs.
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev): CPU tensors, float32,
+    float64, float16 or bfloat16, all one dtype (or a float32/bfloat16 query on a float16/bfloat16
+    key and value; out has the query's dtype, each gradient its input's), any strides whose last
+    dimension is contiguous, read in place (a tensor whose last dimension is strided is copied
+    first). out is laid out in memory like query (a (N, L, H, E) view gives a (N, L, H, Ev)
+    out), the gradients like their inputs.
     attn_mask: None, bool (True = takes part) or float (added to the scores; -inf allowed),
     broadcastable to (..., Hq, L, S); a float mask that requires grad gets one.
     dropout_p: dropout on the attention weights, in [0, 1), scaled by 1 / (1 - p); the mask
@@ -199,7 +210,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Returns out (..., Hq, L, Ev). Rows that see no key are zeros (PyTorch gives NaN there) and
     get zero gradients.
     """
-    floats = (torch.float32, torch.float64)
+    floats = _FLOATS
     _check_tensor(query, "query", floats)
     _check_tensor(key, "key", floats)
     _check_tensor(value, "value", floats)
@@ -208,9 +219,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if scale is not None:
         scale = float(scale)
     name = _causal_name(bool(is_causal), causal)
-    if key.dtype != query.dtype or value.dtype != query.dtype:
+    if key.dtype != value.dtype or not _kv_dtype_ok(query.dtype, key.dtype):
         raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]} for key and "
-                        f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
+                        f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]} "
+                        "(only a float32 or bfloat16 query may read key and value of one other "
+                        "dtype, float16 or bfloat16)")
     variants = {}
     if window_size is not None:
         variants["window_size"] = tuple(window_size)
@@ -233,7 +246,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # ---- routing an existing model through sdpa ---------------------------------------------------
 
 def _supported(query, key, value, attn_mask, dropout_p):
-    ok = (torch.float32, torch.float64)
+    ok = _FLOATS
     for t in (query, key, value):
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in ok:
             return False

@@ -165,15 +165,16 @@ F64 = np.float64
 ERRORS = [
     # (call, exception, message start)
     (lambda: sdpa.scaled_dot_product_attention(Q.astype(np.float16), K, V), TypeError,
-     "query: expected dtype float32 or float64, got float16"),
+     "key/value: expected the query's dtype float16 for key and value, got key float32"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K.astype(np.int64), V), TypeError,
-     "key: expected dtype float32 or float64, got int64"),
+     "key: expected dtype float32, float64, float16 or uint16 (bfloat16 bits), got int64"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K, V > 0), TypeError,
-     "value: expected dtype float32 or float64, got bool"),
+     "value: expected dtype float32, float64, float16 or uint16 (bfloat16 bits), got bool"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K.astype(F64), V), TypeError,
      "key/value: expected the query's dtype float32 for key and value, got key float64"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K, V, np.ones((5, 7), np.int32)), TypeError,
-     "attn_mask: expected dtype bool, float32 or float64, got int32"),
+     "attn_mask: expected dtype bool, float32, float64, float16 or uint16 (bfloat16 bits), got "
+     "int32"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K, V, np.ones((4, 7), bool)), ValueError,
      "attn_mask: expected a shape that broadcasts to (2, 3, 5, 7), got (4, 7)"),
     (lambda: sdpa.scaled_dot_product_attention(Q, K[..., :3], V), ValueError,

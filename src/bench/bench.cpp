@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "core/problem.h"
 #include "kernels/decode.h"
 #include "kernels/dispatch.h"
@@ -137,19 +138,20 @@ nlohmann::json run_bench(const BenchConfig& config) {
   options.impl = config.impl;
   options.threads = threads;
 
-  const Array q = random_normal({B, H, L, E}, 1);
-  const Array k = random_normal({B, Hkv, S, E}, 2);
-  const Array v = random_normal({B, Hkv, S, Ev}, 3);
-  Array out(DType::float32, {B, H, L, Ev}), lse(DType::float32, {B, H, L});
+  const DType dt = config.dtype;  // inputs drawn in float32, rounded once to dt
+  const Array q = random_normal({B, H, L, E}, 1).astype(dt);
+  const Array k = random_normal({B, Hkv, S, E}, 2).astype(dt);
+  const Array v = random_normal({B, Hkv, S, Ev}, 3).astype(dt);
+  Array out(dt, {B, H, L, Ev}), lse(DType::float32, {B, H, L});  // lse float32 for 16-bit too
   Array dout, dq, dk, dv;
   const MutableTensorRef lse_ref = lse.mut();
   const auto forward = [&] { attention_forward(q, k, v, nullptr, options, out.mut(), &lse_ref); };
   std::function<void()> call = forward;
   if (config.backward) {
-    dout = random_normal({B, H, L, Ev}, 4);
-    dq = Array(DType::float32, q.shape());
-    dk = Array(DType::float32, k.shape());
-    dv = Array(DType::float32, v.shape());
+    dout = random_normal({B, H, L, Ev}, 4).astype(dt);
+    dq = Array(dt, q.shape());
+    dk = Array(dt, k.shape());
+    dv = Array(dt, v.shape());
     forward();  // out and lse for the backward, outside the timing
     call = [&] {
       attention_backward(q, k, v, nullptr, out, lse, dout, options, dq.mut(), dk.mut(), dv.mut());
@@ -195,8 +197,8 @@ nlohmann::json run_bench(const BenchConfig& config) {
   }
 
   nlohmann::json j =
-      header_json({impl_name(config.impl), config.backward ? "backward" : "forward", "float32", B,
-                   H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
+      header_json({impl_name(config.impl), config.backward ? "backward" : "forward", dtype_name(dt),
+                   B, H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
                   seconds);
   j["flops"] = flops;
   j["gflops_median"] = gflops;
@@ -219,41 +221,52 @@ nlohmann::json run_bench(const BenchConfig& config) {
 namespace sdpa::bench {
 namespace {
 
-// Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
-// the normal distribution, and the timing does not depend on the values.
-void fill_uniform(float* p, std::int64_t n, std::uint64_t seed) {
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::int64_t i = 0; i < n; ++i) {
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    p[i] = static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
-  }
-}
-
 // A KV cache as a server allocates it once at start-up: 2 MiB aligned, on transparent huge
 // pages, like the array of the streaming-read probe it is compared with (4 KiB pages cost
 // both of them a TLB miss per page; the probe would otherwise be measured on different terms).
 struct CacheBuffer {
-  float* data = nullptr;
+  void* data = nullptr;
+  DType dtype;
   std::int64_t numel = 1;
   std::vector<std::int64_t> shape;
-  explicit CacheBuffer(std::vector<std::int64_t> s) : shape(std::move(s)) {
+  CacheBuffer(DType t, std::vector<std::int64_t> s) : dtype(t), shape(std::move(s)) {
     for (const std::int64_t x : shape) numel *= x;
-    detail::check_allocation(numel * static_cast<std::int64_t>(sizeof(float)),
+    const std::size_t es = dtype_size(dtype);
+    detail::check_allocation(numel * static_cast<std::int64_t>(es),
                              fmt::format("KV cache of shape {}", shape_string(shape)));
     const std::size_t align = std::size_t{2} << 20;
-    const std::size_t bytes =
-        (static_cast<std::size_t>(numel) * sizeof(float) + align - 1) / align * align;
-    data = static_cast<float*>(std::aligned_alloc(align, std::max(bytes, align)));
+    const std::size_t bytes = (static_cast<std::size_t>(numel) * es + align - 1) / align * align;
+    data = std::aligned_alloc(align, std::max(bytes, align));
     if (data == nullptr) throw std::bad_alloc();
     madvise(data, std::max(bytes, align), MADV_HUGEPAGE);  // advice only; failure is harmless
   }
   CacheBuffer(const CacheBuffer&) = delete;
   CacheBuffer& operator=(const CacheBuffer&) = delete;
   ~CacheBuffer() { std::free(data); }
-  MutableTensorRef mut() const { return MutableTensorRef{data, DType::float32, shape}; }
+  MutableTensorRef mut() const { return MutableTensorRef{data, dtype, shape}; }
 };
+
+// Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
+// the normal distribution, and the timing does not depend on the values.
+void fill_uniform(CacheBuffer& c, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto* f = static_cast<float*>(c.data);
+  auto* h = static_cast<std::uint16_t*>(c.data);
+  for (std::int64_t i = 0; i < c.numel; ++i) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    const float u =
+        static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    if (c.dtype == DType::float16) {
+      h[i] = detail::float_to_float16(u);
+    } else if (c.dtype == DType::bfloat16) {
+      h[i] = detail::float_to_bfloat16(u);
+    } else {
+      f[i] = u;
+    }
+  }
+}
 
 }  // namespace
 
@@ -320,9 +333,14 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   std::vector<std::int64_t> v_shape = k_shape;
   v_shape.back() = Ev;
   const Array q = random_normal({B, L, H, E}, 1);
-  CacheBuffer k_cache(k_shape), v_cache(v_shape);
-  fill_uniform(k_cache.data, k_cache.numel, 2);
-  fill_uniform(v_cache.data, v_cache.numel, 3);
+  if (config.kv_dtype != DType::float32 && config.kv_dtype != DType::float16 &&
+      config.kv_dtype != DType::bfloat16) {
+    throw Error(fmt::format("--kv-dtype: expected float32, float16 or bfloat16, got {}",
+                            dtype_name(config.kv_dtype)));
+  }
+  CacheBuffer k_cache(config.kv_dtype, k_shape), v_cache(config.kv_dtype, v_shape);
+  fill_uniform(k_cache, 2);
+  fill_uniform(v_cache, 3);
   Array out(DType::float32, {B, L, H, Ev}), lse(DType::float32, {B, H, L});
   const Int32TensorRef seqlens_ref{seqlens.data(), {B}};
   const Int32TensorRef table_ref{table.data(), {B, max_blocks}};
@@ -353,7 +371,8 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
   const std::int64_t total_keys = std::accumulate(lens.begin(), lens.end(), std::int64_t{0});
   // Bytes that must come from memory: every cached K and V row once per kv head.
-  const double kv_bytes = double(total_keys) * double(Hkv) * double(E + Ev) * sizeof(float);
+  const double kv_bytes =
+      double(total_keys) * double(Hkv) * double(E + Ev) * double(dtype_size(config.kv_dtype));
   const double flops = 2.0 * double(total_keys) * double(H) * double(L) * double(E + Ev);
   // Bandwidth after the timing, in the same process and the same minute: the ratio of the two is
   // what holds on a shared machine whose absolute figures drift with the load.
@@ -365,6 +384,7 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
                                  seconds);
   j["kv_lens"] = lens;
   j["page_size"] = page;
+  j["kv_dtype"] = dtype_name(config.kv_dtype);
   j["cache_pages"] = "huge (MADV_HUGEPAGE, as the streaming-read probe)";
   j["cpu_seconds_median"] = cpu_seconds[cpu_seconds.size() / 2];
   j["flops"] = flops;

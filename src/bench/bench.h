@@ -20,13 +20,15 @@ struct BenchConfig {
   Causal causal = Causal::none;
   bool backward = false;
   Impl impl = Impl::fast;
-  int threads = 0;  // 0: one per core
+  DType dtype = DType::float32;  // of query, key, value (run_bench): float32, float16, bfloat16
+  int threads = 0;               // 0: one per core
   int repeat = 5;
   // The KV-cache shape (run_decode_bench): q (batch, seq, heads, dim) over caches of kv_seq rows
   // per sequence (or kv_lens, one length per sequence), paged when page_size > 0.
   bool kv_cache = false;
   std::int64_t page_size = 0;
   std::vector<std::int64_t> kv_lens;
+  DType kv_dtype = DType::float32;  // of the caches: float32, float16 or bfloat16
 };
 
 /// Times the configuration (allocation and a warm-up outside the timed loop) and returns the

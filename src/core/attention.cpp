@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/half_attention.h"
 #include "core/layout.h"
 #include "core/problem.h"
 #include "kernels/decode.h"
@@ -216,7 +217,9 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   std::vector<std::int64_t> out_shape = query.shape;
   out_shape.back() = checked.Ev;
   detail::check_tensor(out, checked.dtype, out_shape, "out");
-  if (lse != nullptr) detail::check_tensor(*lse, checked.dtype, attention_lse_shape(query), "lse");
+  if (lse != nullptr) {
+    detail::check_tensor(*lse, detail::lse_dtype(checked.dtype), attention_lse_shape(query), "lse");
+  }
   detail::check_strides(query, "query", false);
   detail::check_strides(key, "key", false);
   detail::check_strides(value, "value", false);
@@ -226,6 +229,13 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // Nothing to write: return before an implementation loops over B * Hq * L rows, which an empty
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
+  // 16-bit inputs that the kernel serving the call does not read itself (core/half_attention.h).
+  const bool native = options.impl == Impl::fast && !detail::decode_applies(checked) &&
+                      detail::fast_forward_reads_bfloat16(checked);
+  if (detail::needs_half_path(query, key, value, mask, native)) {
+    detail::half_forward(query, key, value, mask, options, out, lse, native);
+    return;
+  }
   const std::size_t lead = checked.lead;
   const KernelInputs in(query, key, value, mask, lead);
   detail::Problem p =
@@ -285,11 +295,11 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   std::vector<std::int64_t> out_shape = query.shape;
   out_shape.back() = checked.Ev;
   detail::check_tensor(out, checked.dtype, out_shape, "out");
-  detail::check_tensor(lse, checked.dtype, attention_lse_shape(query), "lse");
+  detail::check_tensor(lse, detail::lse_dtype(checked.dtype), attention_lse_shape(query), "lse");
   detail::check_tensor(grad_out, checked.dtype, out_shape, "grad_out");
   detail::check_tensor(grad_query, checked.dtype, query.shape, "grad_query");
-  detail::check_tensor(grad_key, checked.dtype, key.shape, "grad_key");
-  detail::check_tensor(grad_value, checked.dtype, value.shape, "grad_value");
+  detail::check_tensor(grad_key, key.dtype, key.shape, "grad_key");  // a 16-bit KV's dtype
+  detail::check_tensor(grad_value, value.dtype, value.shape, "grad_value");
   detail::check_strides(query, "query", false);
   detail::check_strides(key, "key", false);
   detail::check_strides(value, "value", false);
@@ -311,6 +321,15 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   // Nothing to write (see attention_forward).
   if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0 &&
       (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
+    return;
+  }
+  if (detail::needs_half_path(query, key, value, mask, false)) {
+    if (grad_sinks != nullptr) {
+      throw Error(ErrorKind::bad_type, "grad_sinks",
+                  "expected float32 or float64 inputs, got a half-precision query, key or value");
+    }
+    detail::half_backward(query, key, value, mask, out, lse, grad_out, options, grad_query,
+                          grad_key, grad_value);
     return;
   }
   // The sinks' gradient (Hq values), written by every implementation into a C-order buffer.

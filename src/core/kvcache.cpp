@@ -22,9 +22,14 @@ namespace {
 
 using std::int64_t;
 
-void check_float_rank4(const TensorRef& t, const char* what, const char* layout) {
-  if (t.dtype != DType::float32 && t.dtype != DType::float64) {
-    throw Error(fmt::format("{}: expected float32 or float64, got {}", what, dtype_name(t.dtype)));
+void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
+                       bool half_ok = false) {
+  const bool half = t.dtype == DType::float16 || t.dtype == DType::bfloat16;
+  if (t.dtype != DType::float32 && t.dtype != DType::float64 && !(half_ok && half)) {
+    throw Error(
+        fmt::format("{}: expected {}, got {}", what,
+                    half_ok ? "float32, float64, float16 or bfloat16" : "float32 or float64",
+                    dtype_name(t.dtype)));
   }
   if (t.shape.size() != 4) {
     throw Error(fmt::format("{}: expected 4 dimensions {}, got shape {}", what, layout,
@@ -49,10 +54,10 @@ void check_dim(const TensorRef& t, std::size_t axis, int64_t expected, const cha
   }
 }
 
-void check_dtype(const TensorRef& t, DType dtype, const char* what) {
+void check_dtype(const TensorRef& t, DType dtype, const char* what, const char* whose) {
   if (t.dtype != dtype) {
-    throw Error(fmt::format("{}: expected dtype {} (the dtype of q), got {}", what,
-                            dtype_name(dtype), dtype_name(t.dtype)));
+    throw Error(fmt::format("{}: expected dtype {} (the dtype of {}), got {}", what,
+                            dtype_name(dtype), whose, dtype_name(t.dtype)));
   }
 }
 
@@ -71,11 +76,16 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   r.paged = in.block_table != nullptr;
   const char* cache_layout = r.paged ? "(num_blocks, page_size, Hkv, E)" : "(batch, S_max, Hkv, E)";
   check_float_rank4(q, "q", "(batch, L, Hq, E)");
-  check_float_rank4(k_cache, "k_cache", cache_layout);
-  check_float_rank4(v_cache, "v_cache", cache_layout);
-  check_dtype(k_cache, q.dtype, "k_cache");
-  check_dtype(v_cache, q.dtype, "v_cache");
+  check_float_rank4(k_cache, "k_cache", cache_layout, true);
+  check_float_rank4(v_cache, "v_cache", cache_layout, true);
+  // float64 queries read float64 caches; float32 queries read float32, float16 or bfloat16
+  // caches (widened to float32 in registers).
+  if (q.dtype == DType::float64 || k_cache.dtype == DType::float64) {
+    check_dtype(k_cache, q.dtype, "k_cache", "q");
+  }
+  check_dtype(v_cache, k_cache.dtype, "v_cache", "k_cache");
   d.dtype = q.dtype;
+  d.kv_dtype = k_cache.dtype;
   d.batch = q.shape[0];
   d.L = q.shape[1];
   d.Hq = q.shape[2];
@@ -150,10 +160,10 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
         fmt::format("{}: expected k and v together, got {} without {}", missing, given, missing));
   }
   if (in.k != nullptr) {
-    check_float_rank4(*in.k, "k", "(batch, L_new, Hkv, E)");
-    check_float_rank4(*in.v, "v", "(batch, L_new, Hkv, Ev)");
-    check_dtype(*in.k, q.dtype, "k");
-    check_dtype(*in.v, q.dtype, "v");
+    check_float_rank4(*in.k, "k", "(batch, L_new, Hkv, E)", true);
+    check_float_rank4(*in.v, "v", "(batch, L_new, Hkv, Ev)", true);
+    check_dtype(*in.k, k_cache.dtype, "k", "k_cache");
+    check_dtype(*in.v, k_cache.dtype, "v", "k_cache");
     check_dim(*in.k, 0, d.batch, "k", "q's batch");
     check_dim(*in.k, 2, d.Hkv, "k", "k_cache's Hkv");
     check_dim(*in.k, 3, d.E, "k", "q's E");
@@ -219,7 +229,7 @@ void check_outputs(const Resolved& r, const MutableTensorRef& out, const Mutable
 void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& k_cache,
             const MutableTensorRef& v_cache) {
   const detail::DecodeProblem& d = r.decode;
-  const std::size_t es = dtype_size(d.dtype);
+  const std::size_t es = dtype_size(d.kv_dtype);
   const std::size_t krow = static_cast<std::size_t>(d.Hkv * d.E) * es;
   const std::size_t vrow = static_cast<std::size_t>(d.Hkv * d.Ev) * es;
   auto* kc = static_cast<unsigned char*>(k_cache.data);

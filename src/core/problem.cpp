@@ -9,10 +9,14 @@
 namespace sdpa::detail {
 namespace {
 
+bool is_16bit(DType d) { return d == DType::float16 || d == DType::bfloat16; }
+
 void check_float(const TensorRef& t, const char* what) {
-  if (t.dtype != DType::float32 && t.dtype != DType::float64) {
+  if (t.dtype != DType::float32 && t.dtype != DType::float64 && !is_16bit(t.dtype)) {
     throw Error(ErrorKind::bad_type, what,
-                fmt::format("expected dtype float32 or float64, got {}", dtype_name(t.dtype)));
+                fmt::format("expected dtype float32 or float64 (or the 16-bit float16 or "
+                            "bfloat16), got {}",
+                            dtype_name(t.dtype)));
   }
   if (t.shape.size() < 2) {
     throw Error(ErrorKind::bad_shape, what,
@@ -121,10 +125,16 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   check_float(query, "query");
   check_float(key, "key");
   check_float(value, "value");
-  if (key.dtype != query.dtype || value.dtype != query.dtype) {
+  // One dtype for all three, or (a 16-bit KV cache read by a float32 or bfloat16 query, as in
+  // decoding) key and value of one 16-bit dtype under a float32 or bfloat16 query.
+  const bool mixed_ok = key.dtype == value.dtype && is_16bit(key.dtype) &&
+                        (query.dtype == DType::float32 || query.dtype == DType::bfloat16);
+  if ((key.dtype != query.dtype || value.dtype != query.dtype) && !mixed_ok) {
     throw Error(
         ErrorKind::bad_type, "key/value",
-        fmt::format("expected the query's dtype {} for key and value, got key {} and value {}",
+        fmt::format("expected the query's dtype {} for key and value, got key {} and value {} "
+                    "(only a float32 or bfloat16 query may read key and value of one other "
+                    "dtype, float16 or bfloat16)",
                     dtype_name(query.dtype), dtype_name(key.dtype), dtype_name(value.dtype)));
   }
   if (key.shape.size() != query.shape.size() || value.shape.size() != query.shape.size()) {
@@ -210,10 +220,13 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
 
   if (mask != nullptr) {
     const TensorRef& m = *mask;
-    if (m.dtype != DType::boolean && m.dtype != DType::float32 && m.dtype != DType::float64) {
-      throw Error(
-          ErrorKind::bad_type, "mask",
-          fmt::format("expected dtype bool, float32 or float64, got {}", dtype_name(m.dtype)));
+    // A 16-bit mask is converted to float32 before any kernel sees it (core/half_attention.h).
+    if (m.dtype != DType::boolean && m.dtype != DType::float32 && m.dtype != DType::float64 &&
+        !is_16bit(m.dtype)) {
+      throw Error(ErrorKind::bad_type, "mask",
+                  fmt::format("expected dtype bool, float32 or float64 (or float16, bfloat16), "
+                              "got {}",
+                              dtype_name(m.dtype)));
     }
     checked_numel(m.shape, dtype_size(m.dtype), "mask");
     // Target shape: (..., Hq, L, S) with query's leading dimensions.

@@ -1,9 +1,10 @@
 // The decode kernel: a few query rows per GQA group against a long run of keys (inference).
 //
 // Contract (asserted by tests/decode on every compiled SIMD target): tensors as described by
-// DecodeProblem (decode.h); float32 computes in float32, float64 in float64; visibility exactly
-// as the fused kernel's (flash.cpp): an invisible key is never read from V and its score is
-// -inf; a row that sees no key gives out = 0, lse = -inf. Error against the float64 reference
+// DecodeProblem (decode.h); float32 computes in float32 (also over float16 or bfloat16 caches,
+// widened exactly), float64 in float64; visibility exactly as the fused kernel's (flash.cpp):
+// an invisible key's value row never enters the sum and its score is -inf; a row that sees no
+// key gives out = 0, lse = -inf. Error against the float64 reference
 // within 2 x that of the naive same-precision implementation plus a floor of a few epsilons.
 // Results are bit-identical for any thread count (see the chunk rule below).
 //
@@ -62,6 +63,7 @@
 #include <new>
 #include <type_traits>
 
+#include "core/half.h"
 #include "kernels/flash_common.h"
 #include "kernels/workspace.h"
 
@@ -106,6 +108,28 @@ struct Tree<1> {
   }
 };
 
+// The tree of Tree, evaluated depth first while the K keys' products are formed, so that at
+// most log2(K) + 1 partial vectors are live (the 16 accumulators of all keys at once spill on
+// AVX-512 next to the 8 vectors of q).
+template <size_t K, int kC>
+struct KeyTree {
+  template <class D, class V, typename T>
+  static HWY_INLINE V Run(D d, const V* qv, const T* HWY_RESTRICT kt) {
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (K > 1) {
+      constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
+      const V lo = KeyTree<K / 2, kC>::Run(d, qv, kt);
+      const V hi = KeyTree<K / 2, kC>::Run(d, qv, kt + static_cast<int64_t>(K / 2) * kC * NN);
+      return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
+    }
+#endif
+    constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
+    V a = hn::Mul(qv[0], hn::LoadU(d, kt));
+    for (int c = 1; c < kC; ++c) a = hn::MulAdd(qv[c], hn::LoadU(d, kt + c * NN), a);
+    return a;
+  }
+};
+
 // scores[j] = q . k_j for the N keys k_j = kt + j * C * N (C * N elements each, zero-padded
 // like q). kC > 0 is C known at compile time (E = 64 or 128, the common head sizes): q then
 // stays in registers and every K address is one base plus a constant, which frees the
@@ -116,17 +140,12 @@ HWY_INLINE void ScoresN(D d, const T* HWY_RESTRICT q, const T* HWY_RESTRICT kt, 
   constexpr size_t N = hn::MaxLanes(D());
   constexpr int64_t NN = static_cast<int64_t>(N);
   using V = hn::Vec<D>;
-  V acc[N];
   if constexpr (kC > 0) {
     V qv[kC];
     for (int c = 0; c < kC; ++c) qv[c] = hn::LoadU(d, q + c * NN);
-    for (size_t j = 0; j < N; ++j) {
-      const T* k = kt + static_cast<int64_t>(j) * kC * NN;
-      V a = hn::Mul(qv[0], hn::LoadU(d, k));
-      for (int c = 1; c < kC; ++c) a = hn::MulAdd(qv[c], hn::LoadU(d, k + c * NN), a);
-      acc[j] = a;
-    }
+    hn::StoreU(KeyTree<N, kC>::Run(d, qv, kt), d, scores);
   } else {
+    V acc[N];
     const int64_t ld = C_rt * NN;
     for (size_t j = 0; j < N; ++j) acc[j] = hn::Zero(d);
     for (int64_t e = 0; e < ld; e += NN) {
@@ -135,8 +154,8 @@ HWY_INLINE void ScoresN(D d, const T* HWY_RESTRICT q, const T* HWY_RESTRICT kt, 
         acc[j] = hn::MulAdd(qv, hn::LoadU(d, kt + static_cast<int64_t>(j) * ld + e), acc[j]);
       }
     }
+    hn::StoreU(Tree<N>::Run(d, acc), d, scores);
   }
-  hn::StoreU(Tree<N>::Run(d, acc), d, scores);
 }
 
 // acc[0..C * N) = alpha * acc + sum_i p[idx[i]] * v_{idx[i]} over the n keys listed in idx
@@ -204,7 +223,27 @@ HWY_INLINE void CopyRow(const Tc* HWY_RESTRICT src, int64_t n, T* HWY_RESTRICT d
     for (; e + N <= n; e += N) hn::StoreU(hn::LoadU(d, src + e), d, dst + e);
     for (; e < n; ++e) dst[e] = src[e];
   } else {
-    static_assert(std::is_same_v<T, Tc>, "no conversion for this cache type");
+    // float16 (F16C's vcvtph2ps on AVX2 and up) or bfloat16 (a 16-bit shift) widened to
+    // float32 exactly, in registers, as the tile is packed.
+    static_assert(std::is_same_v<T, float>, "16-bit caches are read by the float32 kernel");
+    int64_t e = 0;
+#if HWY_TARGET != HWY_SCALAR
+    const hn::ScalableTag<float> d;
+    const hn::Rebind<Tc, decltype(d)> dh;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    for (; e + 2 * N <= n; e += 2 * N) {
+      const auto x0 = hn::PromoteTo(d, hn::LoadU(dh, src + e));
+      const auto x1 = hn::PromoteTo(d, hn::LoadU(dh, src + e + N));
+      hn::StoreU(x0, d, dst + e), hn::StoreU(x1, d, dst + e + N);
+    }
+    for (; e + N <= n; e += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + e)), d, dst + e);
+#endif
+    for (; e < n; ++e) {
+      std::uint16_t bits;
+      std::memcpy(&bits, src + e, sizeof bits);
+      dst[e] =
+          std::is_same_v<Tc, hwy::float16_t> ? float16_to_float(bits) : bfloat16_to_float(bits);
+    }
   }
 }
 
@@ -338,25 +377,38 @@ void DecodeItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scr
     // The next tile's rows, prefetched a share per row while this tile is computed, so that
     // memory keeps streaming while the FMAs run (without it the loads of the packing wait on
     // DRAM: 13 against 15 GB/s of K/V per CPU-second on one Zen 5 thread, S = 65536).
-    int64_t nseg = 0;
+    // Segments of consecutive bytes (K first, then V): in a cache (S, Hkv, E) the rows of
+    // every head of consecutive positions merge into one, so the walk below is one prefetch
+    // per 64-byte line and little else.
+    int64_t nseg = 0, lines = 0;
     if (s0 + kDecodeTile < end) {
       const int64_t n1 = std::min(kDecodeTile, end - s0 - kDecodeTile);
-      const auto* kb = reinterpret_cast<const char*>(p.k);
-      const auto* vb = reinterpret_cast<const char*>(p.v);
       const auto es = static_cast<int64_t>(sizeof(Tc));
-      for (int64_t j = 0; j < n1; ++j) {
-        int64_t ko, vo;
-        RowOffsets(p, it.b, s0 + kDecodeTile + j, &ko, &vo);
-        for (int64_t hh = 0; hh < it.nh; ++hh) {
-          const int64_t h = it.h0 + hh;
-          w.pf[nseg++] = {kb + (ko + h * p.k_head) * es, m.E * es};
-          w.pf[nseg++] = {vb + (vo + h * p.v_head) * es, m.Ev * es};
+      for (int kv = 0; kv < 2; ++kv) {
+        const auto* base = reinterpret_cast<const char*>(kv == 0 ? p.k : p.v);
+        const int64_t head = kv == 0 ? p.k_head : p.v_head;
+        const int64_t bytes = (kv == 0 ? m.E : m.Ev) * es;
+        for (int64_t j = 0; j < n1; ++j) {
+          int64_t ko, vo;
+          RowOffsets(p, it.b, s0 + kDecodeTile + j, &ko, &vo);
+          for (int64_t hh = 0; hh < it.nh; ++hh) {
+            const char* q0 = base + ((kv == 0 ? ko : vo) + (it.h0 + hh) * head) * es;
+            if (nseg > 0 && w.pf[nseg - 1].p + w.pf[nseg - 1].bytes == q0) {
+              w.pf[nseg - 1].bytes += bytes;
+            } else {
+              w.pf[nseg++] = {q0, bytes};
+            }
+          }
         }
       }
+      for (int64_t i = 0; i < nseg; ++i) lines += (w.pf[i].bytes + 63) / 64;
     }
+    int64_t seg = 0, off = 0;  // the prefetch cursor
     for (int64_t r = 0; r < nrows; ++r) {
-      for (int64_t i = r * nseg / nrows; i < (r + 1) * nseg / nrows; ++i) {
-        for (int64_t o = 0; o < w.pf[i].bytes; o += 64) hwy::Prefetch(w.pf[i].p + o);
+      for (int64_t todo = (r + 1) * lines / nrows - r * lines / nrows; todo > 0; --todo) {
+        hwy::Prefetch(w.pf[seg].p + off);
+        off += 64;
+        if (off >= w.pf[seg].bytes) ++seg, off = 0;
       }
       const int64_t vis = std::clamp<int64_t>(w.last[r] - s0 + 1, 0, kc);
       if (vis == 0) continue;
@@ -558,6 +610,8 @@ void DecodeT(const DecodeProblem& p) {
 }  // namespace
 
 void DecodeFloat(const DecodeProblem& p) { DecodeT<float, float>(p); }
+void DecodeFloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::float16_t>(p); }
+void DecodeBfloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::bfloat16_t>(p); }
 void DecodeDouble(const DecodeProblem& p) { DecodeT<double, double>(p); }
 const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -568,6 +622,8 @@ HWY_AFTER_NAMESPACE();
 namespace sdpa::detail {
 
 HWY_EXPORT(DecodeFloat);
+HWY_EXPORT(DecodeFloat16Cache);
+HWY_EXPORT(DecodeBfloat16Cache);
 HWY_EXPORT(DecodeDouble);
 HWY_EXPORT(DecodeTargetName);
 
@@ -579,6 +635,10 @@ std::int64_t decode_chunk_keys(std::int64_t S) {
 void decode_forward(const DecodeProblem& p) {
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(DecodeDouble)(p);
+  } else if (p.kv_dtype == DType::float16) {
+    HWY_DYNAMIC_DISPATCH(DecodeFloat16Cache)(p);
+  } else if (p.kv_dtype == DType::bfloat16) {
+    HWY_DYNAMIC_DISPATCH(DecodeBfloat16Cache)(p);
   } else {
     HWY_DYNAMIC_DISPATCH(DecodeFloat)(p);
   }
@@ -589,6 +649,7 @@ bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries; }
 void decode_forward(const Problem& p, void* out, void* lse) {
   DecodeProblem d;
   d.dtype = p.dtype;
+  d.kv_dtype = p.dtype;
   d.batch = p.B;
   d.Hq = p.Hq;
   d.Hkv = p.Hkv;

@@ -58,7 +58,8 @@ std::int64_t decode_chunk_keys(std::int64_t S);
 /// mask_problem, when not null, is the attention_forward problem whose mask (and causal rule)
 /// then decide visibility, exactly as in the fused kernel.
 struct DecodeProblem {
-  DType dtype = DType::float32;
+  DType dtype = DType::float32;     // of q, out and lse, and of the arithmetic: float32 or float64
+  DType kv_dtype = DType::float32;  // of the caches: dtype, or float16 / bfloat16 with float32
   std::int64_t batch = 0, Hq = 1, Hkv = 1, L = 0, E = 0, Ev = 0;
   double scale = 1.0;
   Causal causal = Causal::none;
@@ -83,7 +84,8 @@ struct DecodeProblem {
   const Problem* mask_problem = nullptr;
 };
 
-/// Runs the decode kernel (float32 or float64) on the best SIMD target.
+/// Runs the decode kernel (float32 or float64; float32 over float16 or bfloat16 caches) on the
+/// best SIMD target.
 void decode_forward(const DecodeProblem& p);
 
 /// True when attention_forward's fast implementation hands `p` to the decode kernel.

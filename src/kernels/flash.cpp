@@ -3,7 +3,15 @@
 // Contract (asserted by tests/kernels/test_kernels.cpp on every compiled SIMD target):
 //   shapes and layout as in core/problem.h (flattened batch; every operand read and written
 //   through its own batch, head and row strides, in place: the packed copies below are the
-//   kernel's own, made whatever the layout, and no other copy is made); float32 inputs compute in
+//   kernel's own, made whatever the layout, and no other copy is made); float16 and bfloat16
+//   query, key, value and grad_out are widened exactly while packed and computed in float32 like
+//   float32 inputs holding the same values, P kept in float32 before P V (the products run in
+//   float32 anyway, so rounding P would only add error), out, dq, dk, dv rounded once to their
+//   operand's dtype (nearest even), lse float32 (tests/strided/test_half_packing.cpp: the bits
+//   of the float32 kernel on the widened values, rounded once), except on CPUs with
+//   AVX512_BF16, where all-bfloat16 inputs multiply bfloat16 pairs on vdpbf16ps with float32
+//   accumulation (the forward rounding P to bfloat16; the backward's S and dP only): see
+//   "forward on bfloat16 inputs" and BackwardPairs below, tests/bf16/; float32 inputs compute in
 //   float32 (float64 inputs in float64, same algorithm); masking exactly as the reference: a key
 //   is visible iff the causal rule allows it and the mask's additive value is not -inf; an
 //   invisible key's score is overwritten with -inf (never added to), and a tile whose values (or,
@@ -97,10 +105,13 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 
+#include "core/half.h"
 #include "core/problem.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/kernels.h"
 #include "kernels/workspace.h"
 
@@ -115,6 +126,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+namespace bf16 = sdpa::detail::bf16;
 using flash::ceil_div;
 using flash::kKeyTile;
 using flash::kPad;
@@ -125,6 +137,71 @@ using std::size_t;
 
 template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// ---- storage types ----------------------------------------------------------------------------
+// An operand is stored in the compute type T, or, when T is float, in float16 or bfloat16 (the
+// query, key, value and grad_out inputs; out and the gradients in their input's dtype; lse is
+// always T). Inputs of 16-bit types are widened, exactly, while they are packed (a vector
+// PromoteTo: F16C's vcvtph2ps for float16 on AVX2 and later, a 16-bit shift for bfloat16), so
+// every product, the softmax and the sums run in float32 exactly as for float32 inputs holding
+// the same values; P is kept in float32 before P V. Outputs are rounded to their dtype once, to
+// nearest even (core/half.h).
+
+template <typename S>
+struct Storage {
+  using type = S;
+};
+
+/// Calls f(Storage<S>{}) with S the C++ type of an operand of `dtype` (T, hwy::float16_t or
+/// hwy::bfloat16_t).
+template <typename T, typename F>
+HWY_INLINE void WithStorage(DType dtype, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (dtype == DType::float16) return f(Storage<hwy::float16_t>{});
+    if (dtype == DType::bfloat16) return f(Storage<hwy::bfloat16_t>{});
+  }
+  f(Storage<T>{});
+}
+
+template <typename T>
+bool IsComputeType(DType dtype) {
+  return dtype == (std::is_same_v<T, float> ? DType::float32 : DType::float64);
+}
+
+template <typename T>
+HWY_INLINE T Widen(T x) {
+  return x;
+}
+HWY_INLINE float Widen(hwy::float16_t x) { return float16_to_float(x.bits); }
+HWY_INLINE float Widen(hwy::bfloat16_t x) { return bfloat16_to_float(x.bits); }
+
+/// x in storage type S, rounded to nearest even when S is 16-bit.
+template <typename S, typename T>
+HWY_INLINE S Narrow(T x) {
+  if constexpr (std::is_same_v<S, hwy::float16_t>) {
+    return S{float_to_float16(x)};
+  } else if constexpr (std::is_same_v<S, hwy::bfloat16_t>) {
+    return S{float_to_bfloat16(x)};
+  } else {
+    return x;
+  }
+}
+
+/// dst[0..n) = factor * src[0..n), src widened to T (vectorised).
+template <typename T, typename S>
+HWY_INLINE void ScaledRow(const S* HWY_RESTRICT src, int64_t n, T factor, T* HWY_RESTRICT dst) {
+  int64_t i = 0;
+  if constexpr (!std::is_same_v<S, T>) {
+    const hn::ScalableTag<T> d;
+    const hn::Rebind<S, decltype(d)> ds;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto f = hn::Set(d, factor);
+    for (; i + lanes <= n; i += lanes) {
+      hn::StoreU(hn::Mul(f, hn::PromoteTo(d, hn::LoadU(ds, src + i))), d, dst + i);
+    }
+  }
+  for (; i < n; ++i) dst[i] = factor * Widen(src[i]);
+}
 
 // ---- packing (once per call, shared by all threads) ------------------------------------------
 // Every read of an input goes through these functions and the Rows views below, with the
@@ -154,24 +231,49 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
 /// dst[e][c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key tile
 /// transposed so that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile),
 /// vectorised along the keys.
-template <typename T>
-void TransposeTile(const T* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
+template <typename T, typename S>
+void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
   for (int64_t e = 0; e < width; ++e) {
     T* d = dst + e * kKeyTile;
-    for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
+    for (int64_t c = 0; c < kc; ++c) d[c] = Widen(src[(s0 + c) * src_ld + e]);
     for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
   }
 }
 
-/// dst[r][0..ld) = factor * src[r * src_ld + 0..width) followed by zeros.
-template <typename T>
-void CopyRowsPadded(const T* src, int64_t src_ld, int64_t rows, int64_t width, T factor, int64_t ld,
+/// dst[r][0..ld) = factor * src[r * src_ld + 0..width) (widened to T) followed by zeros.
+template <typename T, typename S>
+void CopyRowsPadded(const S* src, int64_t src_ld, int64_t rows, int64_t width, T factor, int64_t ld,
                     T* dst) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* s = src + r * src_ld;
-    for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * s[e];
+    const S* s = src + r * src_ld;
+    if constexpr (std::is_same_v<S, T>) {
+      for (int64_t e = 0; e < width; ++e) dst[r * ld + e] = factor * s[e];
+    } else {
+      ScaledRow(s, width, factor, dst + r * ld);
+    }
     for (int64_t e = width; e < ld; ++e) dst[r * ld + e] = T(0);
   }
+}
+
+/// CopyRowsPadded from rows (b, h, l0 .. l0 + rows) of input view v, of v's storage type.
+template <typename T>
+void PackRows(const InputView& v, int64_t b, int64_t h, int64_t l0, int64_t rows, int64_t width,
+              T factor, int64_t ld, T* dst) {
+  WithStorage<T>(v.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    CopyRowsPadded(v.row<S>(b, h, l0), v.sl, rows, width, factor, ld, dst);
+  });
+}
+
+/// The output row (b, h, l) of view o = src[0..n) * factor, rounded to o's dtype.
+template <typename T>
+void StoreRow(const OutputView& o, int64_t b, int64_t h, int64_t l, const T* src, int64_t n,
+              T factor) {
+  WithStorage<T>(o.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    S* d = o.row<S>(b, h, l);
+    for (int64_t e = 0; e < n; ++e) d[e] = Narrow<S>(src[e] * factor);
+  });
 }
 
 /// True when every x[0..n) is finite. x - x is 0 for finite x and NaN for inf or NaN.
@@ -188,6 +290,22 @@ bool AllFinite(const T* x, int64_t n) {
   T tail = 0;
   for (; i < n; ++i) tail += x[i] - x[i];
   return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
+}
+
+/// True when every element of row (b, h, l) of input view v (width elements) is finite.
+template <typename T>
+bool RowFinite(const InputView& v, int64_t b, int64_t h, int64_t l, int64_t width) {
+  bool finite = true;
+  WithStorage<T>(v.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    const S* x = v.row<S>(b, h, l);
+    if constexpr (std::is_same_v<S, T>) {
+      finite = AllFinite(x, width);
+    } else {
+      for (int64_t e = 0; e < width && finite; ++e) finite = std::isfinite(Widen(x[e]));
+    }
+  });
+  return finite;
 }
 
 /// True when every element of rows x[r * ld + 0..width), r < rows, is finite.
@@ -332,7 +450,7 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
 
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
-    CopyRowsPadded(p.q.row<T>(b, h, l0), p.q.sl, rows, E, scale, E, w.qs + g * kQueryTile * E);
+    PackRows(p.q, b, h, l0, rows, E, scale, E, w.qs + g * kQueryTile * E);
     std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<T>);
     std::fill_n(w.rsum + g * kQueryTile, rows, T(0));
     std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, T(0));
@@ -378,15 +496,14 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
     for (int64_t r = 0; r < rows; ++r) {
       const T* acc = w.acc + (g * kQueryTile + r) * ldv;
       T l = w.rsum[g * kQueryTile + r], m = w.rmax[g * kQueryTile + r];
-      T* o = p.out.row<T>(b, h, l0 + r);
       if (l == T(0)) {  // no visible key: out = 0, lse = -inf (the sink's logit with one)
-        std::fill_n(o, Ev, T(0));
+        StoreRow(p.out, b, h, l0 + r, acc, Ev, T(0));
         if (want_lse) *p.lse.row<T>(b, h, l0 + r) = sink;
         continue;
       }
       T inv = T(1) / l;
       if (var.sinks != nullptr) AddSink(sink, m, l, inv);
-      for (int64_t e = 0; e < Ev; ++e) o[e] = acc[e] * inv;
+      StoreRow(p.out, b, h, l0 + r, acc, Ev, inv);
       if (want_lse) *p.lse.row<T>(b, h, l0 + r) = m + std::log(l);
     }
   }
@@ -396,7 +513,10 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
 // dst [E][kKeyTile]; the key's own strides are read.
 template <typename T>
 void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst) {
-  TransposeTile(p.k.row<T>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+  WithStorage<T>(p.k.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    TransposeTile(p.k.row<S>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+  });
 }
 
 template <typename T>
@@ -404,7 +524,7 @@ void ForwardT(const Problem& p) {
   const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
   const int64_t ldv = round_up(Ev, kPad<T>);
-  const bool v_in_place = ldv == Ev;
+  const bool v_in_place = ldv == Ev && IsComputeType<T>(p.v.dtype);
 
   Carver measure;
   measure.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
@@ -431,9 +551,9 @@ void ForwardT(const Problem& p) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
       PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
-      const T* vsrc = p.v.row<T>(b, hkv, s0);
-      if (!v_in_place) CopyRowsPadded(vsrc, p.v.sl, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
-      v_unsafe[t] = AllFiniteRows(vsrc, p.v.sl, kc, Ev) ? 0 : 1;
+      if (!v_in_place) PackRows(p.v, b, hkv, s0, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
+      const T* vread = sh.v.row(b, hkv, s0);  // what the P V product reads
+      v_unsafe[t] = AllFiniteRows(vread, sh.v.sl, kc, Ev) ? 0 : 1;
     }
     void* mem = err.reserve(scratch_bytes);
     ForwardScratch<T> w{};
@@ -447,6 +567,192 @@ void ForwardT(const Problem& p) {
       if (mem == nullptr) continue;
       const int64_t bh = item / nqt;
       ForwardQueryTile(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt);
+    }
+  }
+  if (err.failed) throw std::bad_alloc();
+}
+
+// ---- forward on bfloat16 inputs with vdpbf16ps -------------------------------------------------
+// The float32 forward's algorithm with both products on bfloat16 pairs (kernels/gemm_bf16.h),
+// run only where bf16::native() (elsewhere bfloat16 inputs are converted to float32 and take
+// ForwardT<float>). Arithmetic: each product of two bfloat16 is exact in float32 and accumulates
+// in float32; S = scale * (Q K^T) (the scale is applied to the float32 product, not rounded into
+// Q); the softmax (max, exp, sum, rescale) is float32 as in ForwardT; P is rounded to bfloat16
+// before P V, as FlashAttention-2 and PyTorch's CPU flash kernel round it to the input type,
+// while the row sum l is taken over the unrounded P (as they do): that halves the P V product's
+// cost, and the rounding (relative 2^-9 per probability, independent across keys) stays within
+// the error of the naive bfloat16 implementation, which stores P in bfloat16 too. out is
+// rounded to bfloat16 once, at the end; lse is float32. vdpbf16ps treats bfloat16 denormals
+// (below 2^-126) as zero, far below any score or value that moves a bfloat16 result.
+// Packed per call: K^T tiles as pairs along E ([B*Hkv][nkt][E2][kKeyTile], E2 = ceil(E / 2))
+// and V tiles as pairs of rows ([B*Hkv][nkt][kKeyTile / 2][ldv]); per query tile: Q as pairs.
+
+struct ForwardSharedBf16 {
+  const uint32_t* kt;       // [B*Hkv][nkt][E2][kKeyTile]
+  const uint32_t* vp;       // [B*Hkv][nkt][kKeyTile / 2][ldv]
+  const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
+  int64_t E2, ldv, nkt;
+};
+
+struct ForwardScratchBf16 {
+  uint32_t* q;  // [group][kQueryTile][E2]: the query tile of each head, as pairs
+  float* s;     // [kQueryTile][kKeyTile]: scores, then probabilities
+  uint32_t* p;  // [kQueryTile][kKeyTile / 2]: the probabilities rounded to bfloat16
+  float* vf;    // [kKeyTile][ldv]: a value tile in float32 (only for tiles holding inf or NaN)
+  float* acc;   // [group][kQueryTile][ldv]: unnormalised output
+  float* rmax;  // [group][kQueryTile]
+  float* rsum;  // [group][kQueryTile]
+
+  static size_t Carve(Carver& c, const Problem& p, int64_t E2, int64_t ldv,
+                      ForwardScratchBf16* out) {
+    const auto g = static_cast<size_t>(p.group);
+    ForwardScratchBf16 w;
+    w.q = c.take<uint32_t>(g * kQueryTile * static_cast<size_t>(E2));
+    w.s = c.take<float>(kQueryTile * kKeyTile);
+    w.p = c.take<uint32_t>(kQueryTile * kKeyTile / 2);
+    w.vf = c.take<float>(kKeyTile * static_cast<size_t>(ldv));
+    w.acc = c.take<float>(g * kQueryTile * static_cast<size_t>(ldv));
+    w.rmax = c.take<float>(g * kQueryTile);
+    w.rsum = c.take<float>(g * kQueryTile);
+    if (out != nullptr) *out = w;
+    return c.used();
+  }
+};
+
+/// True when every bfloat16 x[0..n) is finite (exponent bits not all ones).
+inline bool AllFiniteBf16(const uint16_t* x, int64_t n) {
+  uint16_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((x[i] & 0x7f80u) == 0x7f80u);
+  return any == 0;
+}
+
+// ForwardQueryTile on bfloat16 operands: the same passes, the same masking and online softmax.
+void ForwardQueryTileBf16(const Problem& p, const ForwardSharedBf16& sh,
+                          const ForwardScratchBf16& w, int64_t b, int64_t hkv, int64_t i) {
+  const int64_t G = p.group, E = p.E, E2 = sh.E2, Ev = p.Ev, ldv = sh.ldv, S = p.S;
+  const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
+  const int64_t bh = b * p.Hkv + hkv;
+  const int64_t last_key = std::min(S - 1, p.last_causal_key(l0 + rows - 1));
+  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const auto scale = static_cast<float>(p.scale);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    bf16::pack_rows(p.q.row<uint16_t>(b, h, l0), n(rows), n(E), n(p.q.sl),
+                    w.q + g * kQueryTile * E2, n(E2));
+    std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<float>);
+    std::fill_n(w.rsum + g * kQueryTile, rows, 0.0f);
+    std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, 0.0f);
+  }
+
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0), kc2 = (kc + 1) / 2;
+    const bool masked = p.mask.present || kc < kKeyTile ||
+                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    const uint32_t* kt = sh.kt + (bh * sh.nkt + j) * E2 * kKeyTile;
+    const uint32_t* vp = sh.vp + (bh * sh.nkt + j) * (kKeyTile / 2) * ldv;
+    const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
+    if (v_unsafe) {  // the tile in float32, for the product that skips zero probabilities
+      for (int64_t c = 0; c < kc; ++c) {
+        const uint16_t* vr = p.v.row<uint16_t>(b, hkv, s0 + c);
+        for (int64_t e = 0; e < Ev; ++e) w.vf[c * ldv + e] = bf16::to_float(vr[e]);
+        std::fill(w.vf + c * ldv + Ev, w.vf + (c + 1) * ldv, 0.0f);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hkv * G + g;
+      float* acc = w.acc + g * kQueryTile * ldv;
+      float* rmax = w.rmax + g * kQueryTile;
+      float* rsum = w.rsum + g * kQueryTile;
+      // pass 1: S = scale * (Q K^T)
+      bf16::gemm(false, n(rows), n(kKeyTile), n(E2), scale, w.q + g * kQueryTile * E2, n(E2), kt,
+                 n(kKeyTile), w.s, n(kKeyTile));
+      // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
+      for (int64_t r = 0; r < rows; ++r) {
+        float* srow = w.s + r * kKeyTile;
+        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
+        const float alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
+        if (alpha != 1.0f) ScaleRow(acc + r * ldv, ldv, alpha);
+      }
+      // pass 3: acc += bf16(P) V
+      bf16::pack_rows_rounded(w.s, n(rows), n(kc), n(kKeyTile), w.p, n(kKeyTile / 2));
+      if (v_unsafe) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* srow = w.s + r * kKeyTile;
+          for (int64_t c = 0; c < kc; ++c) srow[c] = bf16::to_float(bf16::from_float(srow[c]));
+        }
+        GemmSkipZeros(rows, ldv, kc, w.s, kKeyTile, 1, w.vf, ldv, acc, ldv);
+      } else {
+        bf16::gemm(true, n(rows), n(ldv), n(kc2), 1.0f, w.p, n(kKeyTile / 2), vp, n(ldv), acc,
+                   n(ldv));
+      }
+    }
+  }
+
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* acc = w.acc + (g * kQueryTile + r) * ldv;
+      const float l = w.rsum[g * kQueryTile + r];
+      uint16_t* o = p.out.row<uint16_t>(b, h, l0 + r);
+      float* lse = p.lse.data != nullptr ? p.lse.row<float>(b, h, l0 + r) : nullptr;
+      if (l == 0.0f) {  // no visible key: out = 0, lse = -inf
+        std::fill_n(o, Ev, uint16_t{0});
+        if (lse != nullptr) *lse = kNegInf<float>;
+        continue;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = bf16::from_float(acc[e] * inv);
+      if (lse != nullptr) *lse = w.rmax[g * kQueryTile + r] + std::log(l);
+    }
+  }
+}
+
+void ForwardBf16Native(const Problem& p) {
+  const int64_t BH = p.B * p.Hkv, S = p.S, E = p.E, Ev = p.Ev;
+  const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(p.L, kQueryTile);
+  const int64_t E2 = (E + 1) / 2, ldv = round_up(Ev, kPad<float>);
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+  Carver measure;
+  measure.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  measure.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  measure.take<uint8_t>(n(BH * nkt));
+  Carver carve(call_shared().reserve(measure.used()));
+  auto* kt = carve.take<uint32_t>(n(BH * nkt * E2 * kKeyTile));
+  auto* vp = carve.take<uint32_t>(n(BH * nkt * (kKeyTile / 2) * ldv));
+  auto* v_unsafe = carve.take<uint8_t>(n(BH * nkt));
+  const ForwardSharedBf16 sh{
+      .kt = kt, .vp = vp, .v_unsafe = v_unsafe, .E2 = E2, .ldv = ldv, .nkt = nkt};
+
+  Carver scratch_measure;
+  const size_t scratch_bytes = ForwardScratchBf16::Carve(scratch_measure, p, E2, ldv, nullptr);
+  RegionError err;
+#pragma omp parallel num_threads(p.threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < BH * nkt; ++t) {
+      const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
+      const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
+      bf16::pack_transposed(p.k.row<uint16_t>(b, hkv, s0), n(kc), n(E), n(p.k.sl),
+                            kt + t * E2 * kKeyTile, n(kKeyTile));
+      const uint16_t* vsrc = p.v.row<uint16_t>(b, hkv, s0);
+      bf16::pack_row_pairs(vsrc, n(kc), n(Ev), n(p.v.sl), vp + t * (kKeyTile / 2) * ldv, n(ldv));
+      bool finite = true;
+      for (int64_t c = 0; c < kc && finite; ++c) finite = AllFiniteBf16(vsrc + c * p.v.sl, Ev);
+      v_unsafe[t] = finite ? 0 : 1;
+    }
+    void* mem = err.reserve(scratch_bytes);
+    ForwardScratchBf16 w{};
+    if (mem != nullptr) {
+      Carver c(mem);
+      ForwardScratchBf16::Carve(c, p, E2, ldv, &w);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * nqt; ++item) {
+      if (mem == nullptr) continue;
+      const int64_t bh = item / nqt;
+      ForwardQueryTileBf16(p, sh, w, bh / p.Hkv, bh % p.Hkv, item % nqt);
     }
   }
   if (err.failed) throw std::bad_alloc();
@@ -474,12 +780,47 @@ bool LseNormalises(T lse) {
 /// bit for bit when out is exactly v_s (a one-hot row, as huge scales give), so that
 /// dS = P * (dP - D) is exactly 0 there, as the maths says, instead of a rounding error that
 /// the scale then multiplies into dQ and dK.
-template <typename T>
-HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, int64_t n) {
+template <typename T, typename S>
+HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int64_t n) {
   const hn::CappedTag<T, 1> d1;
   auto acc = hn::Zero(d1);
-  for (int64_t e = 0; e < n; ++e) acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, b[e]), acc);
+  for (int64_t e = 0; e < n; ++e) {
+    acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, Widen(b[e])), acc);
+  }
   return hn::GetLane(acc);
+}
+
+// bfloat16 q, k, v and grad_out on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T,
+// whose operands are all inputs (exact in bfloat16), take the bfloat16 micro-kernel with no
+// rounding beyond the float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P
+// or dS to bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the
+// scale applied to the float32 product), so P = exp(S - lse) matches the forward's.
+struct BackwardPairs {
+  const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
+  const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
+  const uint32_t* dout;  // [B*Hq][L][Ev2]: grad_out rows (zero for rows that see no key)
+  const uint32_t* vt;    // [B*Hkv][nkt][Ev2][kKeyTile]: value tiles transposed
+  int64_t E2, Ev2;
+};
+
+// S = scale * (Q K^T) (dp false) or dP = dO V^T (dp true) of query rows row0 .. row0 + rows
+// against key tile `tile`, from the pairs, into c [rows][kKeyTile]; false (nothing done) when
+// there are no pairs (T = double never has them).
+template <typename T>
+bool ProductFromPairs(const Problem& p, const BackwardPairs* pairs, bool dp, int64_t rows,
+                      int64_t row0, int64_t tile, T* c) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pairs == nullptr) return false;
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    const int64_t K2 = dp ? pairs->Ev2 : pairs->E2;
+    const uint32_t* a = (dp ? pairs->dout : pairs->q) + row0 * K2;
+    const uint32_t* b = (dp ? pairs->vt : pairs->kt) + tile * K2 * kKeyTile;
+    bf16::gemm(false, n(rows), n(kKeyTile), n(K2), dp ? 1.0f : static_cast<float>(p.scale), a,
+               n(K2), b, n(kKeyTile), c, n(kKeyTile));
+    return true;
+  } else {
+    return false;
+  }
 }
 
 template <typename T>
@@ -497,6 +838,8 @@ struct BackwardShared {
   const T* inv_sum;
   const uint8_t* k_unsafe;     // [B*Hkv][nkt]: the key tile holds inf or NaN
   int64_t ldq, ldo, nkt, nqt;  // ldq, ldo: columns of the products (E, Ev padded to 64 bytes)
+  // Set only for bfloat16 inputs on vdpbf16ps (float32 T): S and dP from bfloat16 pairs.
+  const BackwardPairs* pairs = nullptr;
 };
 
 template <typename T>
@@ -542,8 +885,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
   const Variants& var = p.variants;
   const bool softcap = var.softcap > 0.0;
   const int64_t tile = bh * sh.nkt + j;
-  Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1, sh.kt + tile * p.E * kKeyTile,
-              kKeyTile, w.p, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
+    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                sh.kt + tile * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
     const T shift = sh.shift[row0 + r];
@@ -566,8 +911,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     const T inv = sh.inv_sum[row0 + r];
     if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
-  Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
-              sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
+    Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
+                sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
     T* dsrow = w.ds + r * kKeyTile;
@@ -607,8 +954,10 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
-    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
+      Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                  sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       T* srow = w.p + r * kKeyTile;
       if (p.variants.transforms_scores()) {
@@ -640,8 +989,8 @@ template <typename T>
 void WriteKeyGradients(const Problem& p, const BackwardScratch<T>& w, int64_t b, int64_t hkv,
                        int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
   for (int64_t c = 0; c < kc; ++c) {
-    std::copy_n(w.dk_acc + c * ldq, p.E, p.dk.row<T>(b, hkv, s0 + c));
-    std::copy_n(w.dv_acc + c * ldo, p.Ev, p.dv.row<T>(b, hkv, s0 + c));
+    StoreRow(p.dk, b, hkv, s0 + c, w.dk_acc + c * ldq, p.E, T(1));
+    StoreRow(p.dv, b, hkv, s0 + c, w.dv_acc + c * ldo, p.Ev, T(1));
   }
 }
 
@@ -690,10 +1039,7 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
     }
   }
   const T scale = static_cast<T>(p.scale);
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dq = p.dq.row<T>(b, h, l0 + r);
-    for (int64_t e = 0; e < p.E; ++e) dq[e] = scale * w.dq_acc[r * ldq + e];
-  }
+  for (int64_t r = 0; r < rows; ++r) StoreRow(p.dq, b, h, l0 + r, w.dq_acc + r * ldq, p.E, scale);
 }
 
 // The one-pass backward of one work item: key tiles [j0, j1) of key/value head hkv of batch b,
@@ -786,6 +1132,33 @@ inline BackwardPlan PlanBackward(int64_t BH, int64_t nkt, int64_t partial_bytes)
   return plan;
 }
 
+// Whether the backward takes S and dP from bfloat16 pairs (BackwardPairs).
+template <typename T>
+bool BackwardTakesPairs(const Problem& p) {
+  // Chosen from the operands' dtypes, never from the values: a float32 caller keeps float32
+  // arithmetic (vdpbf16ps would flush its denormals).
+  const auto bf = [](const InputView& v) { return v.dtype == DType::bfloat16; };
+  return std::is_same_v<T, float> && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.dout) && bf16::native();
+}
+
+// One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
+template <typename T>
+void PackPairRows(const T* tile, int64_t rows, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kKeyTile, dst,
+                                 kKeyTile);
+  }
+}
+
+// One input row of bfloat16 values as pairs along the row.
+template <typename T>
+void PackInputRowPairs(const T* row, int64_t width, uint32_t* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto w = static_cast<size_t>(width);
+    bf16::pack_rows_rounded(row, 1, w, w, dst, (w + 1) / 2);
+  }
+}
+
 template <typename T>
 void BackwardT(const Problem& p, T* dsinks) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
@@ -796,18 +1169,30 @@ void BackwardT(const Problem& p, T* dsinks) {
     const int64_t bh = row / L;
     return *p.fwd_lse.row<T>(bh / p.Hq, bh % p.Hq, row % L);
   };
-  const auto row_of = [&](const auto& view, int64_t row) {
+  // The gradient row `row` of a (B, Hq, L) output view = scale * src, in the view's dtype.
+  const auto store_row = [&](const OutputView& view, int64_t row, const T* src, T factor) {
     const int64_t bh = row / L;
-    return view.template row<T>(bh / p.Hq, bh % p.Hq, row % L);
+    StoreRow(view, bh / p.Hq, bh % p.Hq, row % L, src, E, factor);
   };
   // A row that sees no key (lse = -inf) contributes nothing, but 0 * NaN would carry a NaN or
   // inf in its dO into dV: such rows are zeroed in a packed copy of dO (q is always copied).
   bool dout_dirty = false;
   for (int64_t row = 0; row < BHq * L && !dout_dirty; ++row) {
-    dout_dirty = lse_of(row) == kNegInf<T> && !AllFinite(row_of(p.dout, row), Ev);
+    const int64_t bh = row / L;
+    dout_dirty =
+        lse_of(row) == kNegInf<T> && !RowFinite<T>(p.dout, bh / p.Hq, bh % p.Hq, row % L, Ev);
   }
-  const bool k_in_place = ldq == E, dout_in_place = ldo == Ev && !dout_dirty;
+  // Inputs of a 16-bit type are always packed (widened).
+  const bool k_in_place = ldq == E && IsComputeType<T>(p.k.dtype);
+  const bool dout_in_place = ldo == Ev && !dout_dirty && IsComputeType<T>(p.dout.dtype);
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+
+  const bool use_pairs = BackwardTakesPairs<T>(p);
+  const int64_t E2 = (E + 1) / 2, Ev2 = (Ev + 1) / 2;
+  const size_t q2_size = use_pairs ? n(BHq * L * E2) : 0,
+               kt2_size = use_pairs ? n(BH * nkt * E2 * kKeyTile) : 0;
+  const size_t do2_size = use_pairs ? n(BHq * L * Ev2) : 0,
+               vt2_size = use_pairs ? n(BH * nkt * Ev2 * kKeyTile) : 0;
 
   const BackwardPlan plan =
       PlanBackward(BH, nkt, static_cast<int64_t>(n(BHq * L * ldq) * sizeof(T)));
@@ -823,6 +1208,7 @@ void BackwardT(const Problem& p, T* dsinks) {
   measure.take<T>(n(3 * BHq * L));
   measure.take<uint8_t>(n(BH * nkt));
   measure.take<uint8_t>(n(BHq * nqt));
+  for (size_t size : {q2_size, kt2_size, do2_size, vt2_size}) measure.take<uint32_t>(size);
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
   T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
@@ -835,6 +1221,11 @@ void BackwardT(const Problem& p, T* dsinks) {
   T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
   uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
+  uint32_t* q2 = carve.take<uint32_t>(q2_size);
+  uint32_t* kt2 = carve.take<uint32_t>(kt2_size);
+  uint32_t* do2 = carve.take<uint32_t>(do2_size);
+  uint32_t* vt2 = carve.take<uint32_t>(vt2_size);
+  const BackwardPairs pairs{.q = q2, .kt = kt2, .dout = do2, .vt = vt2, .E2 = E2, .Ev2 = Ev2};
   const BackwardShared<T> sh{
       .kt = kt,
       .vt = vt,
@@ -848,7 +1239,8 @@ void BackwardT(const Problem& p, T* dsinks) {
       .ldq = ldq,
       .ldo = ldo,
       .nkt = nkt,
-      .nqt = nqt};
+      .nqt = nqt,
+      .pairs = use_pairs ? &pairs : nullptr};
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(
@@ -862,10 +1254,17 @@ void BackwardT(const Problem& p, T* dsinks) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
       PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
-      TransposeTile(p.v.row<T>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
-      const T* ksrc = p.k.row<T>(b, hkv, s0);
-      if (!k_in_place) CopyRowsPadded(ksrc, p.k.sl, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
-      k_unsafe[t] = AllFiniteRows(ksrc, p.k.sl, kc, E) ? 0 : 1;
+      WithStorage<T>(p.v.dtype, [&](auto st) {
+        using SV = typename decltype(st)::type;
+        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
+      });
+      if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
+      const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
+      k_unsafe[t] = AllFiniteRows(kread, sh.k.sl, kc, E) ? 0 : 1;
+      if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
+        PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
+        PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
+      }
     }
     // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
 #pragma omp for schedule(static)
@@ -878,14 +1277,27 @@ void BackwardT(const Problem& p, T* dsinks) {
         if (row_lse == kNegInf<T>) {
           std::fill_n(qs + row * ldq, ldq, T(0));
           if (!dout_in_place) std::fill_n(dop + row * ldo, ldo, T(0));
+          if (use_pairs) {
+            std::fill_n(q2 + row * E2, E2, 0u);
+            std::fill_n(do2 + row * Ev2, Ev2, 0u);
+          }
           D[row] = T(0);
           shift[row] = kNegInf<T>;
           continue;
         }
-        const T* dout_row = row_of(p.dout, row);
-        CopyRowsPadded(row_of(p.q, row), E, 1, E, scale, ldq, qs + row * ldq);
-        if (!dout_in_place) CopyRowsPadded(dout_row, Ev, 1, Ev, T(1), ldo, dop + row * ldo);
-        D[row] = SequentialDot(dout_row, row_of(p.fwd_out, row), Ev);
+        const int64_t bh = row / L, b = bh / p.Hq, h = bh % p.Hq, l = row % L;
+        PackRows(p.q, b, h, l, 1, E, scale, ldq, qs + row * ldq);
+        if (!dout_in_place) PackRows(p.dout, b, h, l, 1, Ev, T(1), ldo, dop + row * ldo);
+        const T* dout_row = sh.dout.row(b, h, l);  // T, packed or in place
+        WithStorage<T>(p.fwd_out.dtype, [&](auto st) {
+          using SO = typename decltype(st)::type;
+          D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
+        });
+        if (use_pairs) {  // q straight from its bfloat16 row; dO from its exact float32 copy
+          bf16::pack_rows(p.q.row<uint16_t>(b, h, l), 1, static_cast<size_t>(E),
+                          static_cast<size_t>(E), q2 + row * E2, static_cast<size_t>(E2));
+          PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
+        }
         shift[row] = row_lse;
         any = any || !LseNormalises(row_lse);
       }
@@ -927,22 +1339,18 @@ void BackwardT(const Problem& p, T* dsinks) {
         T* acc = C == 1 ? w.dq_head : partial + (c * BHq * L + first_row) * ldq;
         BackwardKeyChunk(p, sh, w, bh, j0, j1, acc);
         if (C == 1) {
-          for (int64_t r = 0; r < G * L; ++r) {
-            T* dq = row_of(p.dq, first_row + r);
-            for (int64_t e = 0; e < E; ++e) dq[e] = scale * acc[r * ldq + e];
-          }
+          for (int64_t r = 0; r < G * L; ++r) store_row(p.dq, first_row + r, acc + r * ldq, scale);
         }
       }
       if (C > 1) {
         // dQ = scale * (((partial_0 + partial_1) + partial_2) + ...), in chunk order.
 #pragma omp for schedule(static)
         for (int64_t row = 0; row < BHq * L; ++row) {
-          T* dq = row_of(p.dq, row);
+          T* sum = partial + row * ldq;  // chunk 0's row becomes the sum (this row's alone)
           for (int64_t e = 0; e < E; ++e) {
-            T sum = partial[row * ldq + e];
-            for (int64_t c = 1; c < C; ++c) sum += partial[(c * BHq * L + row) * ldq + e];
-            dq[e] = scale * sum;
+            for (int64_t c = 1; c < C; ++c) sum[e] += partial[(c * BHq * L + row) * ldq + e];
           }
+          store_row(p.dq, row, sum, scale);
         }
       }
     }
@@ -991,13 +1399,24 @@ namespace sdpa::detail {
 
 HWY_EXPORT(ForwardFloat);
 HWY_EXPORT(ForwardDouble);
+HWY_EXPORT(ForwardBf16Native);
 HWY_EXPORT(BackwardFloat);
 HWY_EXPORT(BackwardDouble);
 HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
+bool fast_forward_reads_bfloat16(const Problem& p) {
+  // The vdpbf16ps forward computes plain attention: with variants, the float32 kernel serves.
+  return p.q.dtype == DType::bfloat16 && p.k.dtype == DType::bfloat16 &&
+         p.v.dtype == DType::bfloat16 && bf16::native() && !p.variants.any();
+}
+
 void fast_forward(const Problem& p) {
+  if (fast_forward_reads_bfloat16(p)) {
+    HWY_DYNAMIC_DISPATCH(ForwardBf16Native)(p);
+    return;
+  }
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(ForwardDouble)(p);
   } else {

@@ -11,6 +11,10 @@
 namespace sdpa::detail {
 
 void fast_forward(const Problem& p);
+/// True when fast_forward reads p.q, p.k, p.v as bfloat16 itself (all three bfloat16 and the CPU
+/// has AVX512_BF16: the vdpbf16ps forward of flash.cpp), writing p.out as bfloat16 and p.lse as
+/// float32; other half-precision problems need float32 copies.
+bool fast_forward_reads_bfloat16(const Problem& p);
 /// dsinks [Hq] (nullable, only with sinks): d loss / d sink.
 void fast_backward(const Problem& p, void* dsinks = nullptr);
 

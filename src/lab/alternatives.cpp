@@ -216,7 +216,8 @@ Table alternatives_table_schema() {
            {"n_keys", Kind::integer, "", "N"},
            {"rows", Kind::integer, "", "query rows measured"},
            {"method", Kind::text, "",
-            "`\"1\"`: unscaled; `\"1/sqrt(d)\"`; `\"1/d\"`: muP; `\"qk-norm\"`: q and k "
+            "`\"1\"`: unscaled; `\"1/sqrt(d)\"`; `\"1/d\"`: the scale μP uses (μP itself also "
+            "zero-initialises the query and scales rates with width); `\"qk-norm\"`: q and k "
             "RMS-normalised, then `1/sqrt(d)`, i.e. `sqrt(d)·cos(q, k)`; `\"softcap\"`: "
             "`1/sqrt(d)`, then `50·tanh(y/50)`, Gemma 2's attention cap"},
            {"logit_std_theory", Kind::number, "",

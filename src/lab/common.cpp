@@ -57,7 +57,10 @@ std::vector<Column> gradient_columns(const std::string& reference) {
     c.push_back({n + "_p99", Kind::number, "", "99th percentile of the row norms"});
     c.push_back(
         {n + "_dead", Kind::number, "",
-         fmt::format("fraction of rows with norm below 1e-3 × the median under {}", reference)});
+         fmt::format("fraction of rows with norm below 1e-3 × the norm uniform attention "
+                     "at scale `1/sqrt(d)` gives ({}): `sqrt(d(N−1))/N` for dQ and the logits, "
+                     "`sqrt(rows·d(N−1)/N³)` for dK, a closed form fixed before measuring",
+                     reference)});
   }
   return c;
 }

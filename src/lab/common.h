@@ -33,11 +33,14 @@ json make_result(const std::string& experiment, const LabOptions& options);
 
 /// The gradient-distribution columns of `saturation` and `temperature`: for each of dQ, dK and
 /// the gradient reaching the logits, `*_norm` (median), `*_mean`, `*_p99` and `*_dead`, the
-/// fraction of rows below kDeadFactor times the median under `reference`.
+/// fraction of rows below kDeadFactor times the uniform-attention norm (lab/rem.h); `reference`
+/// names where (d, N) come from.
 std::vector<Column> gradient_columns(const std::string& reference);
 
-/// A row is "dead" when its gradient norm is below this fraction of the median norm of the
-/// same gradient under the reference scale: a thousandth, three decades below a typical row.
+/// A row is "dead" when its gradient norm is below this fraction of the norm uniform attention
+/// at scale 1/sqrt(d) gives it (uniform_grad_* in lab/rem.h), a closed form of (d, N): a
+/// thousandth, three decades below a typical unit-variance row. Not relative to a measured
+/// median, so that no scale passes the test by construction.
 inline constexpr double kDeadFactor = 1e-3;
 
 /// A 64-bit stream id from a few small fields (experiment tag, cell, tensor, row, ...): each

@@ -8,6 +8,7 @@
 #include "lab/common.h"
 #include "lab/experiments.h"
 #include "lab/probe.h"
+#include "lab/rem.h"
 #include "lab/stats.h"
 #include "lab/streams.h"
 
@@ -40,9 +41,11 @@ json run_temperature(const LabOptions& options) {
       res.push_back(probe(in, c / std::sqrt(static_cast<double>(d)), options.threads));
       progress.advance();
     }
-    const double dead_q = kDeadFactor * quantile(res[c1].grad_q, 0.5);
-    const double dead_k = kDeadFactor * quantile(res[c1].grad_k, 0.5);
-    const double dead_s = kDeadFactor * quantile(res[c1].grad_logits, 0.5);
+    // The closed-form uniform-attention norms at 1/sqrt(d) (c = 1): fixed by (d, N) before
+    // measuring, so that c = 1 is not "healthy" by construction.
+    const double dead_q = kDeadFactor * uniform_grad_q(d, n);
+    const double dead_k = kDeadFactor * uniform_grad_k(d, n, rows);
+    const double dead_s = kDeadFactor * uniform_grad_logits(d, n);
     double peak = 0, c_peak = 0, s_peak = 0, c_s_peak = 0;
     for (std::size_t k = 0; k < cs.size(); ++k) {
       const ProbeResult& r = res[k];
@@ -57,6 +60,9 @@ json run_temperature(const LabOptions& options) {
                   {"c", cs[k]},
                   {"scale_value", cs[k] / std::sqrt(static_cast<double>(d))},
                   {"entropy", h},
+                  {"entropy_theory", rem_entropy(cs[k], n)},
+                  {"entropy_annealed", rem_annealed_entropy(cs[k], n)},
+                  {"regime", rem_regime(cs[k], n)},
                   {"normalized_entropy", h / std::log(static_cast<double>(n))},
                   {"max_prob", mean(r.max_prob)},
                   {"effective_support", std::exp(h)},
@@ -140,6 +146,12 @@ const Experiment& temperature_experiment() {
          "the multiplier, log-spaced from 1e-3 to 1e2 (quick 4 per decade, full 8)"},
         {"scale_value", Kind::number, "", "`c/sqrt(d)`"},
         {"entropy", Kind::number, "nats", "mean over rows"},
+        {"entropy_theory", Kind::number, "nats",
+         "the random energy model at logit standard deviation `s = c`: `ln N − c²/2` below "
+         "`s_c = sqrt(2 ln N)` (3.1 at N = 128), `ψ(1) − ψ(1 − s_c/c)` above"},
+        {"entropy_annealed", Kind::number, "nats", "`ln N − c²/2`"},
+        {"regime", Kind::text, "",
+         "`\"liquid\"`, `\"crossover\"` or `\"frozen\"` at s = c (as in `saturation`)"},
         {"normalized_entropy", Kind::number, "", "`entropy/ln N`"},
         {"max_prob", Kind::number, "", "largest probability, mean over rows"},
         {"effective_support", Kind::number, "keys", "`exp(entropy)`"},
@@ -148,7 +160,7 @@ const Experiment& temperature_experiment() {
          "the variance across queries of the attention output divided by the variance of V's "
          "entries (0 when attention is uniform: every query gets the same output; near 1 when "
          "one-hot)"}};
-    for (auto& g : gradient_columns("c = 1 at the same d")) c.push_back(g);
+    for (auto& g : gradient_columns("d of the row, N = 128")) c.push_back(g);
     return c;
   };
   static const Experiment e{

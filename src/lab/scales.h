@@ -9,7 +9,7 @@ namespace sdpa::lab {
 enum class Scale {
   one,         // unscaled q.k
   inv_sqrt_d,  // the article's 1/sqrt(d)
-  inv_d,       // muP's 1/d
+  inv_d,       // 1/d, the scale muP uses (muP proper also changes initialisation and rates)
   qk_norm,     // q and k normalised, then 1/sqrt(d) (train: a learned temperature from there)
   softcap,     // 1/sqrt(d), then 50 tanh(y / 50)
 };

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 
+#include "lab/random.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -86,6 +87,69 @@ NormStats norm_stats(std::span<const double> norms, double dead_threshold) {
   for (double x : norms) dead += x < dead_threshold;
   s.dead = static_cast<double>(dead) / static_cast<double>(norms.size());
   return s;
+}
+
+std::vector<Interval> bootstrap(
+    int n, int strata, int replicates, std::uint64_t seed, std::uint64_t stream, double level,
+    const std::function<std::vector<double>(const std::vector<int>&)>& stat) {
+  if (n <= 0 || strata <= 0 || n % strata != 0 || replicates < 2) {
+    throw Error("lab bootstrap: expected n > 0 rows in equal strata and >= 2 replicates");
+  }
+  std::vector<int> idx(n);
+  for (int i = 0; i < n; ++i) idx[i] = i;
+  const std::vector<double> est = stat(idx);
+  std::vector<std::vector<double>> reps(est.size(), std::vector<double>(replicates));
+  Stream s(seed, stream);
+  const int block = n / strata;
+  for (int r = 0; r < replicates; ++r) {
+    for (int b = 0; b < strata; ++b) {
+      for (int i = 0; i < block; ++i) {
+        idx[b * block + i] =
+            b * block + static_cast<int>(s.below(static_cast<std::uint32_t>(block)));
+      }
+    }
+    const std::vector<double> v = stat(idx);
+    for (std::size_t k = 0; k < v.size(); ++k) reps[k][r] = v[k];
+  }
+  std::vector<Interval> out(est.size());
+  for (std::size_t k = 0; k < est.size(); ++k) {
+    out[k] = {est[k], quantile(reps[k], (1 - level) / 2), quantile(reps[k], (1 + level) / 2)};
+  }
+  return out;
+}
+
+Interval bootstrap_mean(std::span<const double> x, int replicates, std::uint64_t seed,
+                        std::uint64_t stream, double level) {
+  const std::vector<double> v(x.begin(), x.end());
+  return bootstrap(static_cast<int>(v.size()), 1, replicates, seed, stream, level,
+                   [&](const std::vector<int>& idx) {
+                     double m = 0;
+                     for (int i : idx) m += v[i];
+                     return std::vector<double>{m / static_cast<double>(idx.size())};
+                   })[0];
+}
+
+Interval slope_ci(std::span<const double> x, std::span<const double> y) {
+  const std::size_t n = x.size();
+  if (n < 3 || y.size() != n) throw Error("lab slope: expected at least 3 (x, y) pairs");
+  const double mx = mean(x), my = mean(y);
+  double sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    sxx += (x[i] - mx) * (x[i] - mx);
+    sxy += (x[i] - mx) * (y[i] - my);
+  }
+  const double b = sxy / sxx, a = my - b * mx;
+  double sse = 0;
+  for (std::size_t i = 0; i < n; ++i) sse += (y[i] - a - b * x[i]) * (y[i] - a - b * x[i]);
+  const double se = std::sqrt(sse / static_cast<double>(n - 2) / sxx);
+  // 97.5% quantiles of Student's t with 1..30 degrees of freedom.
+  static const double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306,
+                                2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+                                2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+                                2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
+  const std::size_t df = n - 2;
+  const double t = df <= 30 ? t975[df - 1] : kZ95;
+  return {b, b - t * se, b + t * se};
 }
 
 namespace {

@@ -10,6 +10,8 @@
 // 9, so the symmetric interval undercovers at small d).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -44,6 +46,24 @@ struct NormStats {
   double dead = 0;  ///< fraction of rows with norm < dead_threshold
 };
 NormStats norm_stats(std::span<const double> norms, double dead_threshold);
+
+/// A percentile bootstrap over rows, stratified: the n rows form `strata` consecutive blocks of
+/// equal size (for example one block per K/V draw) and each replicate resamples rows with
+/// replacement within every block. `stat` maps a set of row indices to k numbers; the result
+/// holds k intervals: estimate = stat(all rows), low/high = the (1 - level)/2 and (1 + level)/2
+/// quantiles over `replicates` resamples. The resamples come from Philox stream (seed, stream):
+/// the same for any thread count.
+std::vector<Interval> bootstrap(
+    int n, int strata, int replicates, std::uint64_t seed, std::uint64_t stream, double level,
+    const std::function<std::vector<double>(const std::vector<int>&)>& stat);
+
+/// The same over independent units (seeds): a plain (one-stratum) bootstrap of the mean of x.
+Interval bootstrap_mean(std::span<const double> x, int replicates, std::uint64_t seed,
+                        std::uint64_t stream, double level = 0.95);
+
+/// Least-squares slope of y on x with its 95% interval (t quantile for n - 2 degrees of freedom
+/// replaced by the normal one when n > 30; the t table below covers 1..30).
+Interval slope_ci(std::span<const double> x, std::span<const double> y);
 
 /// Softmax summaries of one probability row: entropy (nats), max probability, and the
 /// Frobenius norm of the Jacobian diag(p) - p p^T, in closed form:

@@ -18,6 +18,7 @@ inline constexpr std::uint64_t kEntropyCurve = 0xC0E;     // entropy_curve: (tag
 inline constexpr std::uint64_t kAlternatives = 0xA17;     // alternatives: (tag, sigma, d, ...)
 inline constexpr std::uint64_t kTemperature = 0x7E4;      // temperature probes
 inline constexpr std::uint64_t kPrecision = 0x9EC;        // precision: (tag, d, tensor, row)
+inline constexpr std::uint64_t kTrainStudy = 0x57D;       // train study: (tag, seed index, ...)
 
 // Plain stream ids (no stream_id mixing).
 inline constexpr std::uint64_t kTrainInit = 1ULL << 40;   // + d: initial parameters
@@ -25,9 +26,9 @@ inline constexpr std::uint64_t kTrainBatch = 2ULL << 40;  // + step: training ba
 inline constexpr std::uint64_t kTrainEval = 3ULL << 40;   // the evaluation set
 inline constexpr std::uint64_t kAccuracy = 0x5eed0000;    // + 1..4: the report's q, k, v, dO
 
-inline constexpr std::uint64_t kTags[] = {kDerive,         kSoftmaxSweep, kVariance,
-                                          kVarianceNonIid, kSaturation,   kEntropyCurve,
-                                          kAlternatives,   kTemperature,  kPrecision};
+inline constexpr std::uint64_t kTags[] = {
+    kDerive,       kSoftmaxSweep, kVariance,    kVarianceNonIid, kSaturation,
+    kEntropyCurve, kAlternatives, kTemperature, kPrecision,      kTrainStudy};
 
 constexpr bool distinct_tags() {
   for (std::uint64_t a : kTags) {

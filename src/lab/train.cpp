@@ -17,6 +17,7 @@
 #include "lab/random.h"
 #include "lab/streams.h"
 #include "lab/train_run.h"
+#include "lab/train_study.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::lab {
@@ -307,15 +308,21 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
   }
 
   const Verdict v = judge_c8(rows, {config.task.pairs, config.steps}, options.lang);
-  json claim = {{"id", "C8"},
-                {"claim", claim_text("C8", options.lang)},
-                {"claim_en", claim_text("C8", Lang::en)},
-                {"claim_zh", claim_text("C8", Lang::zh)},
-                {"theory", theory_text(options.lang)},
-                {"measurement", v.measurement},
-                {"verdict", v.verdict},
-                {"condition", v.condition},
-                {"evidence", v.evidence}};
+  json claim = {
+      {"id", "C8"},
+      {"claim", claim_text("C8", options.lang)},
+      {"claim_en", claim_text("C8", Lang::en)},
+      {"claim_zh", claim_text("C8", Lang::zh)},
+      {"theory", theory_text(options.lang)},
+      {"measurement",
+       (options.lang == Lang::zh ? std::string("消融（Adam，单一种子，学习率扫描取最好，宽度 D = ")
+                                 : std::string("Ablation (Adam, one seed, best of a rate sweep, "
+                                               "width D = ")) +
+           std::to_string(config.width) +
+           (options.lang == Lang::zh ? "，d 可大于 D）：" : ", d may exceed D): ") + v.measurement},
+      {"verdict", v.verdict},
+      {"condition", v.condition},
+      {"evidence", v.evidence}};
   json cfg = {{"n_keys", config.task.n_keys},
               {"n_values", config.task.n_values},
               {"pairs", config.task.pairs},
@@ -345,7 +352,11 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
 }  // namespace train
 
 json run_train(const LabOptions& options) {
-  return train::run_experiment(train::config_for(options.mode), options);
+  // The ablation (one seed, Adam, a rate sweep, four scales, d up to 512 in width 32) and the
+  // study (paired seeds, three optimizers, d <= D, tuned rates) that the C8 verdict rests on.
+  json result = train::run_experiment(train::config_for(options.mode), options);
+  train::run_study(train::study_config_for(options.mode), options, result);
+  return result;
 }
 
 }  // namespace sdpa::lab
@@ -414,9 +425,88 @@ const Experiment& train_experiment() {
          {"init_max_logit", Kind::number, "", "largest logit at step 0", true},
          {"init_grad_norm_wq", Kind::number, "", "gradient norm of `W_q` at step 0", true},
          {"init_grad_norm_wk", Kind::number, "", "gradient norm of `W_k` at step 0", true},
-         {"diverged", Kind::integer, "", "rates whose run diverged"}}}},
+         {"diverged", Kind::integer, "", "rates whose run diverged"}}},
+       {"study_runs",
+        "one per study run: (optimizer, scale, d, lr, seed) for the tuning runs, (optimizer, "
+        "scale, d, seed) at the chosen rate for the evaluation runs",
+        {{"optimizer", Kind::text, "", "`sgd`, `momentum` (heavy ball 0.9) or `adam`"},
+         {"scale", Kind::text, "",
+          "`\"1\"`, `\"1/sqrt(d)\"`, or `\"c/sqrt(d)\"` of the temperature sweep"},
+         {"c", Kind::number, "", "the temperature multiplier (1 outside the sweep)"},
+         d,
+         {"lr", Kind::number, "", "the learning rate"},
+         {"seed", Kind::integer, "", "seed index: 0 is held out for tuning, 1.. evaluate"},
+         {"role", Kind::text, "", "`tune` or `eval`"},
+         {"steps_to_90", Kind::number, "steps",
+          "steps to accuracy 0.90, interpolated linearly between evaluations; null if never", true},
+         {"loss_auc", Kind::number, "nats",
+          "mean evaluation loss over the run (area under the curve per step, capped at ln "
+          "n_values)"},
+         {"final_loss", Kind::number, "nats", "evaluation loss at the end", true},
+         {"final_accuracy", Kind::number, "", "evaluation accuracy at the end"},
+         {"diverged", Kind::boolean, "", "the loss became NaN or infinite"}}},
+       {"study_curves",
+        "one per evaluation of the first evaluation seed's run of every study variant",
+        {{"optimizer", Kind::text, "", "`sgd`, `momentum` or `adam`"},
+         {"scale", Kind::text, "", "as in `study_runs`"},
+         {"c", Kind::number, "", "the temperature multiplier"},
+         d,
+         {"lr", Kind::number, "", "the chosen rate"},
+         {"step", Kind::integer, "steps", "steps done (every 10 to step 100, then every 25)"},
+         {"loss", Kind::number, "nats", "evaluation loss"},
+         {"accuracy", Kind::number, "", "evaluation accuracy"},
+         {"entropy", Kind::number, "nats", "mean attention entropy of the query rows"},
+         {"max_logit", Kind::number, "", "largest `|scale·q·k|` over the evaluation set"},
+         {"grad_norm_wq", Kind::number, "", "gradient norm of `W_q` on the step's batch"}}},
+       {"study_regimes",
+        "one per (optimizer, d): unscaled against `1/sqrt(d)` over the paired evaluation seeds",
+        {{"optimizer", Kind::text, "", "`sgd`, `momentum` or `adam`"},
+         d,
+         {"width", Kind::integer, "", "model width D (d ≤ D)"},
+         {"seeds", Kind::integer, "", "paired evaluation seeds"},
+         {"lr_unscaled", Kind::number, "", "the rate chosen for scale 1 on the held-out seed"},
+         {"lr_scaled", Kind::number, "", "the rate chosen for `1/sqrt(d)`"},
+         {"unscaled_reached", Kind::integer, "", "seeds on which scale 1 reached accuracy 0.90"},
+         {"scaled_reached", Kind::integer, "", "the same for `1/sqrt(d)`"},
+         {"steps_unscaled", Kind::number, "steps",
+          "geometric mean over seeds of the steps to 0.90 (a seed that never reaches it: the "
+          "budget)"},
+         {"steps_scaled", Kind::number, "steps", "the same for `1/sqrt(d)`"},
+         {"step_ratio", Kind::number, "",
+          "geometric mean over seeds of the paired ratio unscaled / scaled steps"},
+         {"step_ratio_ci_low", Kind::number, "",
+          "95% percentile bootstrap interval over the seeds (of the mean log ratio), low end"},
+         {"step_ratio_ci_high", Kind::number, "", "the same, high end"},
+         {"auc_ratio", Kind::number, "", "the same ratio for the area under the loss curve"},
+         {"auc_ratio_ci_low", Kind::number, "", "its 95% bootstrap interval, low end"},
+         {"auc_ratio_ci_high", Kind::number, "", "the same, high end"},
+         {"outcome", Kind::text, "",
+          "`stuck` (scaled reaches 0.90 on every seed, unscaled on none), `slower` (ratio "
+          "interval above 1), `faster` (below 1), `similar`, or `inconclusive` (scaled missed)"}}},
+       {"study_temperature",
+        "one per initial temperature c of `c/sqrt(d)` (Adam, d = 64; c = 8 is scale 1)",
+        {{"c", Kind::number, "", "the multiplier: the logits start with standard deviation c"},
+         d,
+         {"lr", Kind::number, "", "the rate chosen on the held-out seed"},
+         {"seeds", Kind::integer, "", "evaluation seeds"},
+         {"reached", Kind::integer, "", "seeds reaching accuracy 0.90"},
+         {"steps_to_90", Kind::number, "steps", "geometric mean over seeds (the budget if never)"},
+         {"steps_ci_low", Kind::number, "", "95% bootstrap interval over seeds, low end"},
+         {"steps_ci_high", Kind::number, "", "the same, high end"},
+         {"loss_auc", Kind::number, "nats", "mean over seeds of the area under the loss"},
+         {"init_entropy", Kind::number, "nats", "attention entropy at step 0 (first seed)",
+          true}}}},
       // Its curves table is for plots, too long to print.
-      {{"summary",
+      {{"study_regimes",
+        {"optimizer", "d", "lr_unscaled", "lr_scaled", "unscaled_reached", "scaled_reached",
+         "steps_unscaled", "steps_scaled", "step_ratio", "step_ratio_ci_low", "step_ratio_ci_high",
+         "auc_ratio", "outcome"},
+        nullptr},
+       {"study_temperature",
+        {"c", "d", "lr", "reached", "steps_to_90", "steps_ci_low", "steps_ci_high", "loss_auc",
+         "init_entropy"},
+        nullptr},
+       {"summary",
         {"scale", "d", "best_accuracy", "best_lr", "steps_to_acc90", "lrs_reaching_90", "n_lrs",
          "lr_sensitivity", "init_entropy", "init_grad_norm_wq", "diverged"},
         nullptr},

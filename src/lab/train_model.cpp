@@ -188,7 +188,8 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
 
   // pass 3: attention. qk-norm: q^ = q/|q|, k^ = k/|k|, scale tau = exp(log_tau)
   const bool qk_norm = kind == ScaleKind::qk_norm;
-  const double scale = qk_norm ? std::exp(double(params.log_tau)) : scale_value(kind, s.d);
+  const double scale =
+      qk_norm ? std::exp(double(params.log_tau)) : scale_value(kind, s.d) * s.temperature;
   if (qk_norm) {
     normalize_rows(ws.q, ws.qn, ws.qnorm, B, d);
     normalize_rows(ws.k, ws.kn, ws.knorm, B * P, d);

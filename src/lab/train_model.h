@@ -47,6 +47,7 @@ Batch make_batch(const TaskSpec& task, int size, Stream& stream);
 
 struct ModelShape {
   int n_keys = 32, n_values = 16, width = 32, d = 16;  // width: D
+  double temperature = 1;  // multiplies the fixed scales: c/sqrt(d) is inv_sqrt_d with c
 };
 
 template <class T>

@@ -1,8 +1,11 @@
 #include "lab/verdicts.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace sdpa::lab {
 
@@ -63,8 +66,13 @@ Verdict verdict_interval(double theory, double low, double high) {
   return (theory >= low && theory <= high) ? Verdict::holds() : Verdict::fails();
 }
 
-Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures) {
-  if (!coverage_consistent(covered, total)) return Verdict::fails();
+Verdict verdict_consequence(const Verdict& premise, bool identity_exact) {
+  return identity_exact ? premise : Verdict::fails();
+}
+
+Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures,
+                         bool slope_covers_one) {
+  if (!coverage_consistent(covered, total) || !slope_covers_one) return Verdict::fails();
   std::string listed;
   // A factor 2 in the variance softmax sees (sqrt(2) in the scale) is where the choice of
   // normaliser starts to matter as much as a doubling of d does.
@@ -83,16 +91,64 @@ Verdict verdict_variance(int covered, int total, const std::vector<Departure>& d
       listed);
 }
 
-Verdict verdict_saturation(const SaturationSummary& s) {
-  const bool unscaled_saturates = s.unscaled_max_prob >= 0.9 && s.unscaled_dead >= 0.2;
-  const bool scaled_stable = s.scaled_dead <= 0.01 && s.scaled_max_prob < 0.5;
-  if (!unscaled_saturates || !scaled_stable) return Verdict::fails();
-  if (s.unscaled_mean_ratio > 1.0) {
-    return Verdict::holds_if(
-        "'the gradient vanishes' is read per row (median, dead fraction): on average the unscaled "
-        "gradient is larger, carried by a few near-tied rows that explode");
+std::string verdict_c7_cell(const C7Cell& c) {
+  if (c.d == 1) return "equal";
+  if (c.median_ratio_low > 1.0 || c.scaled_dead_low > 0.01) return "fails";
+  if (c.median_ratio_high < 1.0 && c.unscaled_dead_low > c.scaled_dead_high &&
+      c.scaled_dead_high <= 0.01) {
+    return "holds";
   }
-  return Verdict::holds();
+  return "undecided";
+}
+
+Verdict verdict_saturation_region(const std::vector<C7Cell>& cells) {
+  std::map<int, std::vector<std::pair<int, std::string>>> by_n;  // N -> (d, cell verdict)
+  int counted = 0, holding = 0;
+  bool explode = false;
+  for (const C7Cell& c : cells) {
+    const std::string v = verdict_c7_cell(c);
+    if (v == "equal") continue;
+    ++counted;
+    holding += v == "holds";
+    explode = explode || (v == "holds" && c.mean_ratio > 1.0);
+    by_n[c.n].push_back({c.d, v});
+  }
+  if (counted == 0 || holding == 0) return Verdict::fails();
+  const std::string per_row =
+      explode ? "; read per row (median, dead fraction), not on average: the unscaled mean "
+                "gradient is larger there, carried by a few near-tied rows that explode"
+              : "";
+  if (holding == counted)
+    return per_row.empty() ? Verdict::holds() : Verdict::holds_if(per_row.substr(2));
+  std::string region, against;
+  for (auto& [n, list] : by_n) {
+    std::sort(list.begin(), list.end());
+    // The smallest d from which every larger d of the grid holds.
+    int from = -1;
+    for (auto it = list.rbegin(); it != list.rend() && it->second == "holds"; ++it)
+      from = it->first;
+    std::vector<std::string> odd;  // holding cells below that run, failing cells anywhere
+    std::vector<std::string> failing;
+    for (const auto& [d, v] : list) {
+      if (v == "holds" && (from < 0 || d < from)) odd.push_back(fmt::format("{}", d));
+      if (v == "fails") failing.push_back(fmt::format("{}", d));
+    }
+    std::string part = from < 0 ? "nowhere" : fmt::format("d >= {}", from);
+    if (!odd.empty()) {
+      part += fmt::format(" and d = {}", fmt::join(odd, ", "));
+    }
+    region += fmt::format("{}N = {}: {}", region.empty() ? "" : "; ", n, part);
+    if (!failing.empty()) {
+      against +=
+          fmt::format("{}N = {}: d = {}", against.empty() ? "" : "; ", n, fmt::join(failing, ", "));
+    }
+  }
+  return Verdict::holds_if(
+      fmt::format("the unscaled logits are frozen deep enough: {} of {} (d, N) cells hold ({})",
+                  holding, counted, region) +
+      (against.empty() ? ""
+                       : "; it fails (the unscaled typical row gets more gradient) at " + against) +
+      per_row);
 }
 
 Verdict verdict_temperature(double dead_at_c1, double tail_ratio_at_c1, double dead_unscaled,

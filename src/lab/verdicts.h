@@ -63,33 +63,53 @@ struct Departure {
   bool confirmed = false;
 };
 
-/// C4: Var(q.k) = d. Fails when the iid rows' coverage is not consistent; holds-if (the
-/// assumptions, naming each confirmed departure) when some confirmed departure needs another
-/// normaliser; holds otherwise.
-Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures);
+/// C4: Var(q.k) = d. Fails when the iid rows' coverage is not consistent or when the pooled
+/// log-log slope of Var against d has an interval that excludes 1; holds-if (the assumptions,
+/// naming each confirmed departure) when some confirmed departure needs another normaliser;
+/// holds otherwise. The departures are those the lab chose to try: the condition lists what was
+/// measured, not every way the assumptions can fail.
+Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures,
+                         bool slope_covers_one = true);
 
-/// What the saturation grid says about unscaled vs scaled attention at the largest d.
-struct SaturationSummary {
-  double unscaled_max_prob = 0;    // mean max probability, scale 1
-  double unscaled_dead = 0;        // dead fraction of dQ rows, scale 1
-  double unscaled_mean_ratio = 0;  // mean |dQ| unscaled / mean |dQ| scaled
-  double scaled_dead = 0;          // dead fraction of dQ rows, scale 1/sqrt(d)
-  double scaled_max_prob = 0;      // mean max probability, scale 1/sqrt(d)
+/// A claim that follows from another by an identity (C6 from C4: Var(q.k/sqrt(d)) = Var(q.k)/d):
+/// not a second vote. It takes the premise's verdict when the identity holds in the samples
+/// (`identity_exact`), and fails otherwise.
+Verdict verdict_consequence(const Verdict& premise, bool identity_exact);
+
+/// The two-sided normal quantile of level 1 - 1e-3: single intervals that decide a verdict
+/// (C5) use it, the same alpha as the coverage counts.
+inline constexpr double kZ999 = 3.2905267314919255;
+
+/// One (d, N) cell of the saturation grid: unscaled against 1/sqrt(d) on the same query rows,
+/// each number a bound of a 95% bootstrap interval over rows.
+struct C7Cell {
+  int d = 0, n = 0;
+  double median_ratio_low = 1, median_ratio_high = 1;  // median |dQ| unscaled / scaled
+  double unscaled_dead_low = 0;                        // dead fraction of dQ rows, scale 1
+  double scaled_dead_low = 0, scaled_dead_high = 0;    // the same, 1/sqrt(d)
+  double mean_ratio = 1;                               // mean |dQ| unscaled / scaled
 };
 
-/// C7: unscaled attention saturates and its gradient vanishes; scaled stays stable. Needs
-/// unscaled max_prob >= 0.9 (saturated), unscaled dead fraction >= 0.2 (a fifth of rows carry
-/// no gradient: "vanishes" is visible), scaled dead fraction <= 0.01 and scaled max_prob < 0.5
-/// (not saturated). Then: holds-if "for most rows, not on average" when the unscaled mean
-/// gradient is still larger than the scaled one (a few exploding rows), else holds. Otherwise
-/// fails.
-Verdict verdict_saturation(const SaturationSummary& s);
+/// C7 at one cell: "holds" when the typical unscaled row gets less gradient (the median ratio's
+/// interval lies below 1), significantly more unscaled rows are dead (their dead fraction's low
+/// end exceeds the scaled one's high end) and the scaled rows are stable (at most 1% dead, upper
+/// bound); "fails" when the typical unscaled row gets more gradient (ratio interval above 1) or
+/// more than 1% of scaled rows are dead (low end); "undecided" otherwise; "equal" at d = 1, where
+/// scale 1 is 1/sqrt(d).
+std::string verdict_c7_cell(const C7Cell& cell);
+
+/// C7 over the (d, N) grid: holds when every cell (d > 1) holds, fails when none does, holds-if
+/// otherwise, the condition naming the region per N (for example "N = 128: d >= 256") and the
+/// cells that fail; "per row, not on average" is added when a holding cell's mean ratio exceeds
+/// 1 (a few near-tied rows explode).
+Verdict verdict_saturation_region(const std::vector<C7Cell>& cells);
 
 /// C7 in the temperature sweep: "the gradient stays stable" read as a healthy distribution of
-/// per-row |dQ|: at c = 1 (the 1/sqrt(d) scale) at most 1% of rows dead and a 99th percentile
-/// at most 5 times the median (a normal-like spread gives about 2.5), while at c = sqrt(d) (the
-/// unscaled logits) one of the two is violated, so that the stability is owed to the scale.
-/// Fails otherwise.
+/// per-row |dQ|: at c = 1 (the 1/sqrt(d) scale) at most 1% of rows dead (below 1e-3 of the
+/// uniform-attention norm, a closed form: not relative to the c = 1 rows themselves) and a 99th
+/// percentile at most 5 times the median (a normal-like spread gives about 2.5), while at c =
+/// sqrt(d) (the unscaled logits) one of the two is violated, so that the stability is owed to the
+/// scale. Fails otherwise.
 Verdict verdict_temperature(double dead_at_c1, double tail_ratio_at_c1, double dead_unscaled,
                             double tail_ratio_unscaled);
 

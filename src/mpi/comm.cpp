@@ -203,6 +203,12 @@ Layout validate(MPI_Comm comm, const TensorRef& q, const TensorRef& k, const Ten
     }
   }
   if (q.dtype == DType::boolean) fail("query: expected float32 or float64, got bool");
+  for (const auto& [name, t] : inputs) {
+    if (t != nullptr && (t->dtype == DType::float16 || t->dtype == DType::bfloat16)) {
+      fail(fmt::format("{}: expected float32 or float64 with context parallelism, got {}", name,
+                       dtype_name(t->dtype)));
+    }
+  }
   agree(comm, error, options.timeout_seconds);
 
   std::vector<std::int64_t> mine(kDescriptor, 0);

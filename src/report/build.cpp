@@ -71,10 +71,16 @@ void summary(Page& page) {
       for (const auto& cl : (*e)["claims"]) {
         if (str(&cl, "id") != c.id) continue;
         if (!verdict_list.empty()) verdict_list += "; ";
-        verdict_list +=
-            fmt::format("{}: {}", name, verdict_word(str(&cl, "verdict"), page.options().lang));
+        // The experiment, the mode that produced its numbers, the verdict, its condition, and
+        // the first sentence of the measurement: what the verdict rests on (seeds, cells,
+        // optimizers), so that no verdict appears without its qualifiers.
+        verdict_list += fmt::format("{} [{}]: {}", name, str(e, "mode"),
+                                    verdict_word(str(&cl, "verdict"), page.options().lang));
         const std::string cond = str(&cl, "condition");
         if (!cond.empty()) verdict_list += " (" + cond + ")";
+        std::string first = str(&cl, "measurement");
+        if (const auto dot = first.find(". "); dot != std::string::npos) first.resize(dot + 1);
+        if (!first.empty()) verdict_list += " — " + first;
       }
     }
     if (verdict_list.empty()) verdict_list = page.tr("not measured in this run", "本次未测量");

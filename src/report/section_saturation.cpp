@@ -23,21 +23,22 @@ double pick_n(const json* t) {
 
 void section_c7(Page& page) {
   Section& s = page.claim_section(6);
-  const json* t = page.table("saturation", "saturation");
-  if (!t) {
-    page.note(s, page.absent("saturation", "saturation"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "saturation")) {
     const double n = pick_n(t);
     s.blocks.push_back(Paragraph{page.tr(
-        fmt::format("Random unit-variance Q, K, V and upstream gradient, N = {} keys, through "
-                    "the project's attention forward and backward. The gradient is shown as a "
-                    "distribution over query rows: median (solid) and 99th percentile (dashed), "
-                    "and the fraction of dead rows (norm below 1/1000 of the scaled median).",
-                    n),
+        fmt::format(
+            "Random unit-variance Q, K, V and upstream gradient, N = {} keys, through "
+            "the project's attention forward and backward. The gradient is shown as a "
+            "distribution over query rows: median (solid) and 99th percentile (dashed), "
+            "and the fraction of dead rows (norm below 1/1000 of the norm uniform attention at "
+            "1/√d gives, sqrt(d(N−1))/N: a closed form, the same for every scale), with its "
+            "95% bootstrap interval over rows and, dashed, the top-two-gap prediction.",
+            n),
         fmt::format(
             "随机的单位方差 Q、K、V 与上游梯度，N = {} 个键，经过本项目的注意力前向与反向。"
             "梯度以各查询行的分布呈现：中位数（实线）与第 99 百分位（虚线），以及“死”行的比例"
-            "（范数低于缩放情形中位数的千分之一）。",
+            "（范数低于 1/√d 下均匀注意力梯度 sqrt(d(N−1))/N 的千分之一：闭式值，各缩放相同），"
+            "附行自助法 95% 区间，虚线为最大两项间隔的预测。",
             n))});
     Figure f;
     f.id = "c7-saturation";
@@ -78,8 +79,8 @@ void section_c7(Page& page) {
              {}};
     Panel pd{page.tr("dead rows of dQ", "dQ 的死行"),
              d_label,
-             page.tr("fraction of rows (norm < 1e-3 × scaled median)",
-                     "行比例（范数 < 1e-3 × 缩放中位数）"),
+             page.tr("fraction of rows (norm < 1e-3 × uniform-attention norm)",
+                     "行比例（范数 < 1e-3 × 均匀注意力范数）"),
              true,
              false,
              "set xtics 1,4\nset key top left\nset yrange [-0.02:1.02]",
@@ -100,7 +101,13 @@ void section_c7(Page& page) {
           series(title, rows, {"d", "grad_q_norm"}, "1:($2 > 0 ? $2 : NaN)", style));
       pg.series.push_back(series("", rows, {"d", "grad_q_p99"}, "1:($2 > 0 ? $2 : NaN)",
                                  fmt::format("lines dt 2 lt {}", lt)));
-      pd.series.push_back(series(title, rows, {"d", "grad_q_dead"}, "1:2", style));
+      pd.series.push_back(
+          series(title, rows, {"d", "grad_q_dead", "grad_q_dead_ci_low", "grad_q_dead_ci_high"},
+                 "1:2:3:4", fmt::format("yerrorlines lt {} pt {} ps 0.8", lt, point_type(i))));
+      if (scale == "1") {
+        pd.series.push_back(series(page.tr("prediction", "预测"), rows, {"d", "grad_q_dead_theory"},
+                                   "1:2", fmt::format("lines dt 2 lt {}", lt)));
+      }
       ++i;
     }
     f.panels = {pe, pm, pg, pd};
@@ -112,6 +119,19 @@ void section_c7(Page& page) {
         page.tr(fmt::format("Key rows (N = {}); grad_*_norm is the median over rows:", n),
                 fmt::format("关键行（N = {}）；grad_*_norm 为各行中位数：", n)));
   }
+  if (const json* region = page.table_or_note(s, "saturation", "c7_region")) {
+    page.key_rows(
+        s, "saturation", "c7_region", all_rows(region),
+        {"d", "n_keys", "regime_unscaled", "median_ratio", "median_ratio_ci_low",
+         "median_ratio_ci_high", "unscaled_dead", "unscaled_dead_ci_low", "unscaled_dead_ci_high",
+         "unscaled_dead_theory", "scaled_dead_ci_high", "mean_ratio", "verdict"},
+        page.tr(
+            "The verdict cell by cell over (d, N): median |dQ| unscaled over scaled on the same "
+            "rows, with its 95% paired bootstrap interval; dead fractions with their intervals "
+            "and the top-two-gap prediction exp(−t*·a_N/√d):",
+            "逐格结论 (d, N)：同一批行上未缩放与缩放的 |dQ| 中位数之比及其配对自助法 95% "
+            "区间；死行比例及其区间与最大两项间隔预测 exp(−t*·a_N/√d)："));
+  }
   page.verdicts(s, "C7");
 }
 
@@ -121,8 +141,11 @@ void section_freezing(Page& page) {
   s.blocks.push_back(Paragraph{page.tr(
       "Saturation depends on the number of keys N as well as on d. For N Gaussian logits of "
       "standard deviation s the entropy is ln N − s²/2 while s² < 2 ln N, and collapses beyond "
-      "(the freezing of the random energy model). Unscaled logits have s = √d, so they freeze "
-      "once d passes 2 ln N (red line); scaled ones (s = 1) never do. Colour: measured "
+      "(the freezing of the random energy model: past s_c = √(2 ln N) the weights follow a "
+      "Poisson-Dirichlet law with m = s_c/s and entropy ψ(1) − ψ(1 − m), of order 1; at finite "
+      "N the annealed line already bends once (e^{s²} − 1)/N passes 1). Unscaled logits have "
+      "s = √d, so they freeze once d passes 2 ln N (red line; the grid starts at d = 1 so that "
+      "both sides show); scaled ones (s = 1) never do. Colour: measured "
       "entropy / ln N (1 = uniform, 0 = one-hot); the number in each cell is that value.",
       "饱和不仅取决于 d，也取决于键的个数 N。对 N 个标准差为 s 的高斯 logits，当 s² < 2 ln N "
       "时熵为 "
@@ -130,10 +153,7 @@ void section_freezing(Page& page) {
       "ln N"
       "（红线）后冻结；缩放后（s = 1）永远不会。颜色：测得的熵 / ln N（1 = 均匀，0 = "
       "one-hot）；格中数字即此值。")});
-  const json* t = page.table("saturation", "saturation");
-  if (!t) {
-    page.note(s, page.absent("saturation", "saturation"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "saturation")) {
     Figure f;
     f.id = "freezing-boundary";
     f.caption = page.tr(
@@ -212,14 +232,55 @@ void section_freezing(Page& page) {
                            "saturation 网格中 d 或 N 的取值少于两个。"));
     }
   }
+  if (const json* curve = page.table_or_note(s, "saturation", "entropy_curve")) {
+    Figure f;
+    f.id = "freezing-theory";
+    f.caption = page.tr(
+        "Softmax entropy of N Gaussian logits of standard deviation s (points) against the two "
+        "sides of the theory: the annealed line ln N − s²/2 (solid) and the Poisson-Dirichlet "
+        "frozen phase ψ(1) − ψ(1 − s_c/s) past s_c = √(2 ln N) (dashed).",
+        "N 个标准差为 s 的高斯 logits 的 softmax 熵（点）与理论的两侧：退火直线 ln N − s²/2"
+        "（实线）与 s_c = √(2 ln N) 之后的 Poisson-Dirichlet 冻结相 ψ(1) − ψ(1 − s_c/s)（虚线）。");
+    f.sources = {csv_name("saturation", "entropy_curve")};
+    f.width = 760;
+    f.height = 460;
+    Panel p{page.tr("both sides of the freezing point", "冻结点两侧"),
+            "s",
+            page.tr("entropy (nats)", "熵（nats）"),
+            false,
+            false,
+            "set key top right\nset yrange [0:*]",
+            {}};
+    std::size_t i = 0;
+    for (double n : distinct_numbers(curve, "n_keys")) {
+      const Rows rows = where(curve, [&](Row r) { return num(r, "n_keys") == n; });
+      const int lt = static_cast<int>(i) + 1;
+      p.series.push_back(series(fmt::format("N = {}", n), rows, {"s", "entropy"}, "1:2",
+                                fmt::format("points lt {} pt {} ps 0.6", lt, point_type(i))));
+      p.series.push_back(series("", rows, {"s", "entropy_annealed"}, "1:($2 >= 0 ? $2 : NaN)",
+                                fmt::format("lines lt {}", lt)));
+      p.series.push_back(series("", rows, {"s", "entropy_frozen", "n_keys"},
+                                "1:($2 <= log($3) ? $2 : NaN)",
+                                fmt::format("lines dt 2 lt {}", lt)));
+      ++i;
+    }
+    f.panels = {p};
+    page.figure(s, f);
+  }
   if (const json* fr = page.table("saturation", "freezing")) {
     page.key_rows(
         s, "saturation", "freezing", where(fr, [](Row) { return true; }),
-        {"n_keys", "freezing_d", "first_parted_d"},
-        page.tr("Per N: the theoretical freezing point 2 ln N and the first d of the grid where "
-                "measured entropy leaves the theory by more than 10% of ln N (scale 1):",
-                "每个 N：理论冻结点 2 ln N，以及网格中测得的熵偏离理论超过 ln N 的 10% 的最小 "
-                "d（scale 1）："));
+        {"n_keys", "freezing_d", "crossover_s", "freezing_s", "parted_s", "first_parted_d",
+         "liquid_max_error", "frozen_max_error"},
+        page.tr("Per N: the finite-N crossover s = √ln(N+1) (where Var Z/(EZ)² = (e^{s²} − 1)/N "
+                "reaches 1), the freezing point s_c = √(2 ln N) (d = 2 ln N), where the annealed "
+                "line parts from the measurement, and the largest gap between measurement and "
+                "theory on the liquid side (ln N − s²/2) and deep on the frozen side "
+                "(Poisson-Dirichlet, ψ(1) − ψ(1 − s_c/s), the N → ∞ law):",
+                "每个 N：有限 N 交叉点 s = √ln(N+1)（Var Z/(EZ)² = (e^{s²} − 1)/N 达到 1 处）、"
+                "冻结点 s_c = √(2 ln N)（d = 2 ln N）、退火直线与测量分离处，以及液相一侧"
+                "（ln N − s²/2）与深冻结相一侧（Poisson-Dirichlet，ψ(1) − ψ(1 − s_c/s)，N → ∞ "
+                "极限）测量与理论的最大差距："));
   }
   page.other_verdicts(s, "saturation");
 }
@@ -230,18 +291,17 @@ void section_alternatives(Page& page) {
                                            "超出原文：QK-norm、软截断与 1/d"));
   s.blocks.push_back(Paragraph{page.tr(
       "1/√d restores unit variance only if q and k have unit-variance components. Real models "
-      "use other normalisers: 1/d (muP), QK-norm (q and k RMS-normalised before the product, "
+      "use other normalisers: 1/d (the scale μP uses), QK-norm (q and k RMS-normalised before the "
+      "product, "
       "so the logit is √d·cos(q, k)) and logit soft-capping (Gemma 2: 50·tanh(y/50)). Here "
       "they are compared when q and k keep unit variance (σ = 1) and when their activations "
       "have grown four-fold (σ = 4), N = 1024 keys.",
       "只有当 q、k 的分量方差为 1 时，1/√d 才能把方差拉回 1。实际模型还使用其他归一化：1/d"
-      "（muP）、QK-norm（点积前对 q、k 做 RMS 归一化，logit 即 √d·cos(q, k)）以及 logit 软截断"
+      "（μP 所用的缩放）、QK-norm（点积前对 q、k 做 RMS 归一化，logit 即 √d·cos(q, k)）以及 logit "
+      "软截断"
       "（Gemma 2：50·tanh(y/50)）。这里比较 q、k 方差为 1（σ = 1）与激活增大四倍（σ = 4）"
       "两种情形，N = 1024 个键。")});
-  const json* t = page.table("saturation", "alternatives");
-  if (!t) {
-    page.note(s, page.absent("saturation", "alternatives"));
-  } else {
+  if (const json* t = page.table_or_note(s, "saturation", "alternatives")) {
     Figure f;
     f.id = "alternatives";
     f.caption = page.tr(

@@ -16,10 +16,7 @@ void section_c1(Page& page) {
       "standard-normal logits. Normalised entropy 1 is uniform, 0 is one-hot.",
       "对乘数 c 扫描 softmax(c·x)：原文的 [1000, 10, 5] 和 64 个标准正态 logits。归一化熵为 1 "
       "表示均匀，0 表示 one-hot。")});
-  const json* sweep = page.table("softmax", "sweep");
-  if (!sweep) {
-    page.note(s, page.absent("softmax", "sweep"));
-  } else {
+  if (const json* sweep = page.table_or_note(s, "softmax", "sweep")) {
     Figure f;
     f.id = "c1-softmax-sweep";
     f.caption = page.tr("C1: softmax(c·x) against c: entropy, largest probability, Jacobian norm.",
@@ -78,10 +75,7 @@ void section_c1(Page& page) {
 
 void section_c2(Page& page) {
   Section& s = page.claim_section(1);
-  const json* article = page.table("softmax", "article");
-  if (!article) {
-    page.note(s, page.absent("softmax", "article"));
-  } else {
+  if (const json* article = page.table_or_note(s, "softmax", "article")) {
     s.blocks.push_back(Paragraph{page.tr(
         "The stable softmax (maximum subtracted before exp) gives [1, e^-990, e^-995] exactly, "
         "with no overflow; the figure shows log10 of each probability and of the Jacobian row "

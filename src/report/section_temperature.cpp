@@ -20,10 +20,7 @@ void section_temperature(Page& page) {
       "softmax(c·QKᵀ/√d)：缩放过大则注意力冻结，过小则变均匀。均匀的注意力仍能"
       "传递梯度，但每个查询得到相同的输出：输出多样性（输出在各查询间的方差 / V "
       "的方差）衡量剩下的区分度。")});
-  const json* t = page.table("temperature", "temperature");
-  if (!t) {
-    page.note(s, page.absent("temperature", "temperature"));
-  } else {
+  if (const json* t = page.table_or_note(s, "temperature", "temperature")) {
     Figure f;
     f.id = "temperature";
     f.caption = page.tr(
@@ -64,6 +61,11 @@ void section_temperature(Page& page) {
       const std::string style = fmt::format("linespoints lt {} pt {} ps 0.6", lt, point_type(i));
       const std::string title = fmt::format("d = {}", d);
       pe.series.push_back(series(title, rows, {"c", "normalized_entropy"}, "1:2", style));
+      if (i == 0) {
+        pe.series.push_back(series(page.tr("theory (REM, s = c)", "理论（REM，s = c）"), rows,
+                                   {"c", "entropy_theory", "n_keys"}, "1:($2/log($3))",
+                                   "lines dt 2 lc rgb '#e8112d'"));
+      }
       pg.series.push_back(series(title + page.tr(" median", " 中位数"), rows, {"c", "grad_q_norm"},
                                  "1:($2 > 0 ? $2 : NaN)", style));
       pg.series.push_back(series(title + " p99", rows, {"c", "grad_q_p99"}, "1:($2 > 0 ? $2 : NaN)",

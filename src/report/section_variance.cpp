@@ -32,10 +32,7 @@ std::vector<Series> per_distribution(const json* t, const std::vector<std::strin
 
 void section_c3(Page& page) {
   Section& s = page.claim_section(2);
-  const json* v = page.table("variance", "variance");
-  if (!v) {
-    page.note(s, page.absent("variance", "variance"));
-  } else {
+  if (const json* v = page.table_or_note(s, "variance", "variance")) {
     s.blocks.push_back(Paragraph{page.tr(
         "The mean of q·k in units of its theoretical standard deviation √d, with the 95% "
         "confidence interval, for five distributions of the components (all mean 0, variance 1).",
@@ -91,10 +88,7 @@ void section_c3(Page& page) {
 
 void section_c4(Page& page) {
   Section& s = page.claim_section(3);
-  const json* v = page.table("variance", "variance");
-  if (!v) {
-    page.note(s, page.absent("variance", "variance"));
-  } else {
+  if (const json* v = page.table_or_note(s, "variance", "variance")) {
     Figure f;
     f.id = "c4-variance";
     f.caption = page.tr(
@@ -145,20 +139,14 @@ void section_c4(Page& page) {
 
 void section_c5(Page& page) {
   Section& s = page.claim_section(4);
-  const json* v = page.table("variance", "variance");
-  if (!v) {
-    page.note(s, page.absent("variance", "variance"));
-  } else {
+  if (const json* v = page.table_or_note(s, "variance", "variance")) {
     page.key_rows(
         s, "variance", "variance", where(v, [](Row r) { return num(r, "d") == 512; }),
         {"distribution", "d", "samples", "variance", "variance_ci_low", "variance_ci_high",
          "theory_variance", "variance_covered", "kurtosis"},
         page.tr("The d = 512 rows, one per distribution:", "d = 512 的各行（每种分布一行）："));
   }
-  const json* h = page.table("saturation", "score_histogram");
-  if (!h) {
-    page.note(s, page.absent("saturation", "score_histogram"));
-  } else {
+  if (const json* h = page.table_or_note(s, "saturation", "score_histogram")) {
     Figure f;
     f.id = "c5-score-histograms";
     f.caption = page.tr(
@@ -207,10 +195,7 @@ void section_c5(Page& page) {
 
 void section_c6(Page& page) {
   Section& s = page.claim_section(5);
-  const json* v = page.table("variance", "variance");
-  if (!v) {
-    page.note(s, page.absent("variance", "variance"));
-  } else {
+  if (const json* v = page.table_or_note(s, "variance", "variance")) {
     Figure f;
     f.id = "c6-scaled-variance";
     f.caption = page.tr(

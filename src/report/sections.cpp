@@ -164,6 +164,12 @@ const json* Page::table(const std::string& exp, const std::string& name) const {
   return t.is_array() && !t.empty() ? &t : nullptr;
 }
 
+const json* Page::table_or_note(Section& s, const std::string& exp, const std::string& name) {
+  const json* t = table(exp, name);
+  if (!t) note(s, absent(exp, name));
+  return t;
+}
+
 std::string Page::absent(const std::string& exp, const std::string& name) const {
   auto it = inputs_.missing.find(exp);
   if (it != inputs_.missing.end()) {

@@ -91,6 +91,9 @@ class Page {
   const json* experiment(const std::string& exp) const;
   /// The table's rows, or null when the experiment or the table is absent or empty.
   const json* table(const std::string& exp, const std::string& name) const;
+  /// The table, or null after noting in `s` why it is missing: the "table, or a note when
+  /// absent" opening of most sections.
+  const json* table_or_note(Section& s, const std::string& exp, const std::string& name);
   /// Why a table is missing, in the page's language.
   std::string absent(const std::string& exp, const std::string& name) const;
 

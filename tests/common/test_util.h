@@ -174,7 +174,8 @@ inline Outputs run_forward(const Array& q, const Array& k, const Array& v, const
   o.impl = impl;
   Outputs r;
   r.out = Array(q.dtype(), attention_output_shape(q, k, v, o));
-  r.lse = Array(q.dtype(), attention_lse_shape(q));
+  const bool half = q.dtype() == DType::float16 || q.dtype() == DType::bfloat16;
+  r.lse = Array(half ? DType::float32 : q.dtype(), attention_lse_shape(q));  // float32 for 16-bit
   const MutableTensorRef lse = r.lse.mut();
   attention_forward(q, k, v, mask, o, r.out.mut(), &lse);
   return r;

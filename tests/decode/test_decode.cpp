@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../common/test_util.h"
+#include "core/half.h"
 #include "hwy/targets.h"
 #include "kernels/decode.h"
 #include "sdpa/array.h"
@@ -635,3 +636,138 @@ TEST(Decode, EveryCompiledTarget) {
 }
 
 }  // namespace
+
+// ---- float16 and bfloat16 caches -------------------------------------------------------------
+
+namespace {
+
+// A float32 q over 16-bit caches must give exactly what it gives over float32 caches holding
+// the same (widened) values: the kernel widens exactly while packing and then runs the float32
+// arithmetic, whose accuracy against the reference the sweeps above assert. Paged, with an
+// append, GQA, E = 128 (the compile-time path) and an odd E, on every compiled target.
+void check_half_cache(DType half, int64_t E, std::uint64_t seed) {
+  const int64_t batch = 2, L = 3, Hq = 8, Hkv = 2, page = 16, blocks = 12, L_new = 2;
+  const auto to_half = [&](float x) {
+    return half == DType::float16 ? sdpa::detail::float_to_float16(x)
+                                  : sdpa::detail::float_to_bfloat16(x);
+  };
+  const auto widen = [&](std::uint16_t h) {
+    return half == DType::float16 ? sdpa::detail::float16_to_float(h)
+                                  : sdpa::detail::bfloat16_to_float(h);
+  };
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto make = [&](std::vector<int64_t> shape, Array& wide) {
+    int64_t n = 1;
+    for (auto x : shape) n *= x;
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(n));
+    wide = Array(DType::float32, shape);
+    for (int64_t i = 0; i < n; ++i) {
+      h[static_cast<std::size_t>(i)] = to_half(normal(rng));
+      wide.data_as<float>()[i] = widen(h[static_cast<std::size_t>(i)]);
+    }
+    return h;
+  };
+  Array kc32, vc32, k32, v32;
+  std::vector<std::uint16_t> kc = make({blocks, page, Hkv, E}, kc32);
+  std::vector<std::uint16_t> vc = make({blocks, page, Hkv, E}, vc32);
+  std::vector<std::uint16_t> kn = make({batch, L_new, Hkv, E}, k32);
+  std::vector<std::uint16_t> vn = make({batch, L_new, Hkv, E}, v32);
+  Array q(DType::float32, {batch, L, Hq, E});
+  for (int64_t i = 0; i < q.numel(); ++i) q.data_as<float>()[i] = normal(rng);
+  std::vector<int32_t> seqlens = {77, 0}, table(static_cast<std::size_t>(batch * 6));
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 5) % 12);
+  const sdpa::Int32TensorRef sl{seqlens.data(), {batch}}, bt{table.data(), {batch, 6}};
+  sdpa::KVCacheOptions o;
+  o.causal = true;
+  o.threads = 2;
+
+  const sdpa::MutableTensorRef kc_ref{kc.data(), half, {blocks, page, Hkv, E}};
+  const sdpa::MutableTensorRef vc_ref{vc.data(), half, {blocks, page, Hkv, E}};
+  const sdpa::TensorRef kn_ref{kn.data(), half, {batch, L_new, Hkv, E}};
+  const sdpa::TensorRef vn_ref{vn.data(), half, {batch, L_new, Hkv, E}};
+  sdpa::KVCacheInputs in;
+  in.k = &kn_ref;
+  in.v = &vn_ref;
+  in.cache_seqlens = &sl;
+  in.block_table = &bt;
+  Array out16(DType::float32, {batch, L, Hq, E}), lse16(DType::float32, {batch, Hq, L});
+  const sdpa::MutableTensorRef lse16_ref = lse16.mut();
+  sdpa::attention_with_kvcache(q, kc_ref, vc_ref, in, o, out16.mut(), &lse16_ref);
+
+  const sdpa::TensorRef k32_ref = k32, v32_ref = v32;
+  sdpa::KVCacheInputs in32 = in;
+  in32.k = &k32_ref;
+  in32.v = &v32_ref;
+  Array out32(DType::float32, {batch, L, Hq, E}), lse32(DType::float32, {batch, Hq, L});
+  const sdpa::MutableTensorRef lse32_ref = lse32.mut();
+  sdpa::attention_with_kvcache(q, kc32.mut(), vc32.mut(), in32, o, out32.mut(), &lse32_ref);
+
+  const std::string what = fmt::format("{} E{} target {}", sdpa::dtype_name(half), E,
+                                       sdpa::detail::decode_kernel_target());
+  EXPECT_EQ(std::memcmp(out16.data(), out32.data(), out16.nbytes()), 0) << what;
+  EXPECT_EQ(std::memcmp(lse16.data(), lse32.data(), lse16.nbytes()), 0) << what;
+  // The append wrote the new 16-bit rows where the float32 call wrote their widened values.
+  for (int64_t i = 0; i < kc32.numel(); ++i) {
+    ASSERT_EQ(widen(kc[static_cast<std::size_t>(i)]), kc32.data_as<float>()[i]) << what << i;
+    ASSERT_EQ(widen(vc[static_cast<std::size_t>(i)]), vc32.data_as<float>()[i]) << what << i;
+  }
+}
+
+}  // namespace
+
+TEST(KVCache, HalfCachesEqualTheirWidenedFloat32OnEveryTarget) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType half : {DType::float16, DType::bfloat16}) {
+      check_half_cache(half, 128, 11);
+      check_half_cache(half, 33, 12);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(KVCache, MismatchedHalfDtypesAreRefusedWithTheCacheUntouched) {
+  const int64_t Hkv = 2, E = 8;
+  std::vector<std::uint16_t> kc(4 * 16 * Hkv * E, 0x3c00), vc(kc.size(), 0x3c00);
+  const std::vector<std::uint16_t> kc0 = kc, vc0 = vc;
+  std::vector<std::uint16_t> kn(1 * 1 * Hkv * E, 0x4000);
+  Array k32(DType::float32, {1, 1, Hkv, E}), q32(DType::float32, {1, 1, 4, E});
+  Array q64(DType::float64, {1, 1, 4, E}), out32(DType::float32, {1, 1, 4, E});
+  Array out64(DType::float64, {1, 1, 4, E});
+  std::vector<int32_t> seqlens = {10};
+  const sdpa::Int32TensorRef sl{seqlens.data(), {1}};
+  const sdpa::MutableTensorRef k16{kc.data(), DType::float16, {1, 64, Hkv, E}};
+  const sdpa::MutableTensorRef v16{vc.data(), DType::float16, {1, 64, Hkv, E}};
+  const sdpa::MutableTensorRef vbf{vc.data(), DType::bfloat16, {1, 64, Hkv, E}};
+  const sdpa::TensorRef kn_bf{kn.data(), DType::bfloat16, {1, 1, Hkv, E}};
+  const sdpa::TensorRef kn_16{kn.data(), DType::float16, {1, 1, Hkv, E}};
+  const sdpa::TensorRef k32_ref = k32;
+  const auto refused = [&](const sdpa::TensorRef& q, const sdpa::MutableTensorRef& v_cache,
+                           const sdpa::TensorRef* k, const sdpa::TensorRef* v, Array& out,
+                           const char* needle) {
+    sdpa::KVCacheInputs in;
+    in.cache_seqlens = &sl;
+    in.k = k;
+    in.v = v;
+    try {
+      sdpa::attention_with_kvcache(q, k16, v_cache, in, {}, out.mut());
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const sdpa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(kc, kc0);
+    EXPECT_EQ(vc, vc0);
+  };
+  refused(q32, vbf, nullptr, nullptr, out32, "v_cache: expected dtype float16");
+  refused(q32, v16, &kn_bf, &kn_16, out32, "k: expected dtype float16");
+  refused(q32, v16, &k32_ref, &kn_16, out32, "k: expected dtype float16");
+  refused(q64, v16, nullptr, nullptr, out64, "k_cache: expected dtype float64");
+  // And the same call with matching dtypes goes through (and appends).
+  sdpa::KVCacheInputs in;
+  in.cache_seqlens = &sl;
+  in.k = &kn_16;
+  in.v = &kn_16;
+  sdpa::attention_with_kvcache(q32, k16, v16, in, {}, out32.mut());
+  EXPECT_EQ(kc[10 * Hkv * E], 0x4000);
+}

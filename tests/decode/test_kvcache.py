@@ -175,3 +175,24 @@ def test_caches_must_be_writeable_contiguous_arrays():
         sdpa.attention_with_kvcache(q, frozen, vc)
     with pytest.raises(TypeError, match="cache_seqlens"):
         sdpa.attention_with_kvcache(q, kc, vc, cache_seqlens=np.array([1.5]))
+
+
+def test_float16_caches_equal_their_widened_float32():
+    # A float16 cache (and float16 k/v appended to it) gives exactly what a float32 cache holding
+    # the same widened values gives: the kernel widens exactly, then computes in float32.
+    rng = np.random.default_rng(7)
+    q, kc, vc, k, v, sl, table = make(rng, np.float32, 2, 2, 8, 2, 128, 128, 16, 96, [40, 0], 2)
+    kc16, vc16, k16, v16 = (a.astype(np.float16) for a in (kc, vc, k, v))
+    kc32, vc32 = kc16.astype(np.float32), vc16.astype(np.float32)
+    out16, lse16 = sdpa.attention_with_kvcache(q, kc16, vc16, k16, v16, sl, table, causal=True,
+                                               return_lse=True)
+    out32, lse32 = sdpa.attention_with_kvcache(q, kc32, vc32, k16.astype(np.float32),
+                                               v16.astype(np.float32), sl, table, causal=True,
+                                               return_lse=True)
+    assert out16.dtype == np.float32 and np.array_equal(out16, out32)
+    assert np.array_equal(lse16, lse32)
+    assert np.array_equal(kc16.astype(np.float32), kc32)  # the append wrote the same rows
+    before = kc16.copy()
+    with pytest.raises(TypeError, match="k: expected dtype float16"):
+        sdpa.attention_with_kvcache(q, kc16, vc16, k, v16, sl, table)  # float32 k, float16 cache
+    assert np.array_equal(kc16, before)

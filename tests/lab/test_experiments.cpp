@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "lab/common.h"
 #include "lab/lab.h"
@@ -14,13 +15,19 @@
 namespace sdpa::lab {
 namespace {
 
+// Each (experiment, threads, seed) runs once per test binary: several tests read the same result
+// (saturation alone is tens of seconds of CPU in quick mode).
 json run(const std::string& name, int threads, std::uint64_t seed = 1) {
+  static std::map<std::tuple<std::string, int, std::uint64_t>, json> cache;
+  const auto key = std::make_tuple(name, threads, seed);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
   LabOptions o;
   o.seed = seed;
   o.threads = threads;
   json r = run_experiment(name, o);
   EXPECT_TRUE(r.contains("seconds") && r["seconds"].is_number()) << name;
   r.erase("seconds");
+  cache[key] = r;
   return r;
 }
 
@@ -129,15 +136,16 @@ TEST(Variance, AboutNinetyFivePercentOfRowsHoldTheirTheory) {
   // Honest 95% intervals: at least the 1e-3 quantile of Binomial(65, 0.95) covered.
   EXPECT_GE(var_cov, binomial_lower_bound(n, 0.95, 1e-3)) << var_cov << " of " << n;
   EXPECT_GE(mean_cov, binomial_lower_bound(n, 0.95, 1e-3)) << mean_cov << " of " << n;
-  // The verdicts are the ones the counts give.
+  // The verdicts are the ones the counts give; C6 follows C4 (a consequence, not a second vote).
+  json c4, c6;
   for (const auto& c : r["claims"]) {
     if (c["id"] == "C3") {
       EXPECT_EQ(c["verdict"], verdict_coverage(mean_cov, n).verdict);
     }
-    if (c["id"] == "C6") {
-      EXPECT_EQ(c["verdict"], verdict_coverage(var_cov, n).verdict);
-    }
+    if (c["id"] == "C4") c4 = c["verdict"];
+    if (c["id"] == "C6") c6 = c["verdict"];
   }
+  EXPECT_EQ(c6, c4);
   // Non-iid rows: the closed forms hold (each interval may miss 1 time in 20: allow the
   // binomial's 1e-3 quantile over the 3 x 15 intervals).
   int cov = 0, total = 0;
@@ -200,16 +208,37 @@ TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
           << "d " << row["d"] << " N " << n;
     }
   }
-  EXPECT_EQ(rows, 48);
-  // Gaussian logits: ln N - s^2/2 within 2% of ln N for s <= 1 (N >= 128), and never below
-  // the measurement by more than that past the freezing point (the theory drops below zero,
-  // the entropy cannot).
+  EXPECT_EQ(rows, 8 * 4 * 3);
+  // Gaussian logits: ln N - s^2/2 within 2% of ln N for s <= 1 (N >= 128); on the liquid side
+  // (Var Z / (E Z)^2 < 1) within 10% of ln N; deep in the frozen phase (s >= 2 s_c) the
+  // entropy is of order 1 and Poisson-Dirichlet's N -> inf value lies within a factor 2 of it.
   for (const auto& row : r["tables"]["entropy_curve"]) {
     const double n = row["n_keys"], s = row["s"], h = num_of(row["entropy"]);
     if (s <= 1.0 && n >= 128) {
-      EXPECT_NEAR(h, num_of(row["entropy_theory"]), 0.02 * std::log(n)) << "N " << n << " s " << s;
+      EXPECT_NEAR(h, num_of(row["entropy_annealed"]), 0.02 * std::log(n))
+          << "N " << n << " s " << s;
     }
-    EXPECT_GE(h, num_of(row["entropy_theory"]) - 0.02 * std::log(n)) << "N " << n << " s " << s;
+    // Where Var Z / (E Z)^2 < 1/4 the annealed line is within 10% of ln N (its error grows with
+    // that ratio: 7.6% at N = 16, s = 1.25, where the ratio is 0.24).
+    const json z = row["z_relative_variance"];
+    if (z.is_number() && z.get<double>() < 0.25) {
+      EXPECT_NEAR(h, num_of(row["entropy_annealed"]), 0.1 * std::log(n)) << "N " << n << " s " << s;
+    }
+    if (s >= 2 * std::sqrt(2 * std::log(n))) {
+      const double pd = num_of(row["entropy_frozen"]);
+      EXPECT_GT(h, pd / 2) << "N " << n << " s " << s;
+      EXPECT_LT(h, pd * 2) << "N " << n << " s " << s;
+    }
+    EXPECT_GE(num_of(row["entropy_theory"]), 0.0);
+  }
+  // The dead fraction of unscaled dQ rows follows the top-two-gap prediction where it is large
+  // (d = 1024: 15-55% of rows), within 0.1.
+  for (const auto& row : r["tables"]["c7_region"]) {
+    if (row["d"] == 1024) {
+      EXPECT_NEAR(num_of(row["unscaled_dead"]), num_of(row["unscaled_dead_theory"]), 0.1)
+          << "N " << row["n_keys"];
+    }
+    EXPECT_LE(num_of(row["scaled_dead"]), num_of(row["scaled_dead_ci_high"]));
   }
   EXPECT_EQ(scales, (std::set<std::string>{"1", "1/sqrt(d)", "1/d"}));
 }

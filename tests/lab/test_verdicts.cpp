@@ -64,27 +64,68 @@ TEST(Verdicts, Variance) {
   EXPECT_EQ(verdict_variance(40, 65, none), kFails);
 }
 
-TEST(Verdicts, Saturation) {
-  SaturationSummary s{.unscaled_max_prob = 0.95,
-                      .unscaled_dead = 0.4,
-                      .unscaled_mean_ratio = 0.5,
-                      .scaled_dead = 0.0,
-                      .scaled_max_prob = 0.07};
-  EXPECT_EQ(verdict_saturation(s), kHolds);
-  s.unscaled_mean_ratio = 11.5;  // the mean grows: holds only per row
-  EXPECT_EQ(verdict_saturation(s).verdict, "holds-if");
-  auto flip = s;
-  flip.unscaled_max_prob = 0.85;
-  EXPECT_EQ(verdict_saturation(flip), kFails);
-  flip = s;
-  flip.unscaled_dead = 0.1;
-  EXPECT_EQ(verdict_saturation(flip), kFails);
-  flip = s;
-  flip.scaled_dead = 0.05;
-  EXPECT_EQ(verdict_saturation(flip), kFails);
-  flip = s;
-  flip.scaled_max_prob = 0.6;
-  EXPECT_EQ(verdict_saturation(flip), kFails);
+TEST(Verdicts, C7Cell) {
+  // A frozen cell: the typical unscaled row gets a tenth of the gradient, 40% of its rows die.
+  const C7Cell frozen{.d = 1024,
+                      .n = 128,
+                      .median_ratio_low = 0.05,
+                      .median_ratio_high = 0.2,
+                      .unscaled_dead_low = 0.35,
+                      .scaled_dead_low = 0.0,
+                      .scaled_dead_high = 0.0,
+                      .mean_ratio = 8.0};
+  EXPECT_EQ(verdict_c7_cell(frozen), "holds");
+  auto c = frozen;
+  c.median_ratio_high = 1.01;  // the interval reaches 1: not shown smaller
+  EXPECT_EQ(verdict_c7_cell(c), "undecided");
+  c.median_ratio_low = 1.01;  // the typical unscaled row gets more gradient (d = 64)
+  EXPECT_EQ(verdict_c7_cell(c), "fails");
+  c = frozen;
+  c.unscaled_dead_low = 0.0;  // no more dead rows than scaled
+  EXPECT_EQ(verdict_c7_cell(c), "undecided");
+  c = frozen;
+  c.scaled_dead_high = 0.011;  // scaled not shown stable
+  EXPECT_EQ(verdict_c7_cell(c), "undecided");
+  c.scaled_dead_low = 0.011;  // scaled itself has dead rows
+  EXPECT_EQ(verdict_c7_cell(c), "fails");
+  c = frozen;
+  c.d = 1;  // scale 1 is 1/sqrt(1)
+  EXPECT_EQ(verdict_c7_cell(c), "equal");
+}
+
+TEST(Verdicts, SaturationRegion) {
+  C7Cell h{.d = 256,
+           .n = 16,
+           .median_ratio_low = 0.1,
+           .median_ratio_high = 0.5,
+           .unscaled_dead_low = 0.2,
+           .scaled_dead_low = 0,
+           .scaled_dead_high = 0.005,
+           .mean_ratio = 0.5};
+  C7Cell f = h;
+  f.median_ratio_low = 2;
+  f.median_ratio_high = 4;
+  auto at = [](C7Cell c, int d, int n) {
+    c.d = d;
+    c.n = n;
+    return c;
+  };
+  // Every cell holds (the mean included): holds. d = 1 never counts.
+  EXPECT_EQ(verdict_saturation_region({at(h, 1, 16), at(h, 64, 16), at(h, 256, 16)}), kHolds);
+  // ... and with exploding means only per row.
+  auto e = h;
+  e.mean_ratio = 3;
+  EXPECT_EQ(verdict_saturation_region({at(e, 64, 16), at(e, 256, 16)}).verdict, "holds-if");
+  // None holds: fails.
+  EXPECT_EQ(verdict_saturation_region({at(f, 64, 16), at(f, 256, 16)}), kFails);
+  EXPECT_EQ(verdict_saturation_region({at(h, 1, 16)}), kFails);
+  // A region: large d holds, small d fails, per N.
+  const Verdict v = verdict_saturation_region(
+      {at(f, 64, 16), at(h, 256, 16), at(h, 1024, 16), at(f, 256, 128), at(h, 1024, 128)});
+  EXPECT_EQ(v.verdict, "holds-if");
+  EXPECT_NE(v.condition.find("N = 16: d >= 256"), std::string::npos) << v.condition;
+  EXPECT_NE(v.condition.find("N = 128: d >= 1024"), std::string::npos) << v.condition;
+  EXPECT_NE(v.condition.find("fails"), std::string::npos) << v.condition;
 }
 
 TEST(Verdicts, Temperature) {

@@ -13,6 +13,7 @@
 #include "lab/random.h"
 #include "lab/train_model.h"
 #include "lab/train_run.h"
+#include "lab/train_study.h"
 #include "lab/train_verdict.h"
 #include "sdpa/sdpa.h"
 
@@ -378,6 +379,62 @@ TEST(TrainExperiment, ScaledModelLearnsTheQuickTask) {
       if (best >= kLearnedAccuracy) break;
     }
     EXPECT_GE(best, kLearnedAccuracy) << "d = " << d;
+  }
+}
+
+}  // namespace
+}  // namespace sdpa::lab::train
+
+namespace sdpa::lab::train {
+namespace {
+
+// The study's rules flip when their numbers do.
+TEST(StudyVerdict, RegimeOutcomeFollowsTheInterval) {
+  RegimeStats r{"sgd", 64, 3, 3, 3, 4.0, 3.5, 4.5};
+  EXPECT_EQ(regime_outcome(r), "slower");
+  r.ratio_low = 0.9;  // the interval reaches below 1
+  EXPECT_EQ(regime_outcome(r), "similar");
+  r.ratio_high = 0.95;  // entirely below 1
+  EXPECT_EQ(regime_outcome(r), "faster");
+  r.unscaled_reached = 0;  // unscaled never reaches 90%, scaled always
+  EXPECT_EQ(regime_outcome(r), "stuck");
+  r.scaled_reached = 2;  // the scaled model itself missed on a seed
+  EXPECT_EQ(regime_outcome(r), "inconclusive");
+}
+
+TEST(StudyVerdict, JudgeOverRegimesCarriesTheQualifiers) {
+  const RegimeStats slow{"adam", 64, 3, 3, 3, 5.0, 4.0, 6.0};
+  RegimeStats stuck = slow;
+  stuck.unscaled_reached = 0;
+  stuck.optimizer = "sgd";
+  RegimeStats lost = slow;
+  lost.scaled_reached = 0;
+  StudyVerdict v = judge_study({slow, slow}, "Q-QUALIFIERS");
+  EXPECT_EQ(v.verdict, "fails");
+  EXPECT_EQ(v.measurement.rfind("Q-QUALIFIERS", 0), 0u) << v.measurement;
+  v = judge_study({slow, stuck}, "Q");
+  EXPECT_EQ(v.verdict, "holds-if");
+  EXPECT_NE(v.condition.find("sgd d = 64"), std::string::npos) << v.condition;
+  EXPECT_EQ(judge_study({stuck, stuck}, "Q").verdict, "holds");
+  EXPECT_EQ(judge_study({stuck, lost}, "Q").verdict, "holds");
+  EXPECT_EQ(judge_study({lost, lost}, "Q").verdict, "inconclusive");
+  EXPECT_EQ(judge_study({}, "Q").verdict, "inconclusive");
+}
+
+TEST(StudyVerdict, CrossingIsInterpolatedBetweenEvaluations) {
+  EXPECT_DOUBLE_EQ(*interpolated_crossing({{0, 0.1}, {10, 0.5}, {20, 1.0}}, 0.9), 18.0);
+  EXPECT_DOUBLE_EQ(*interpolated_crossing({{0, 0.95}}, 0.9), 0.0);
+  EXPECT_FALSE(interpolated_crossing({{0, 0.1}, {10, 0.89}}, 0.9).has_value());
+}
+
+TEST(StudyConfigs, SeedsOptimizersAndWidths) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    const StudyConfig c = study_config_for(mode);
+    EXPECT_GE(c.eval_seeds, mode == Mode::quick ? 3 : 10);
+    EXPECT_EQ(c.optimizers.size(), 3u);
+    for (int d : c.ds) EXPECT_LE(d, c.width);
+    EXPECT_NE(std::find(c.ds.begin(), c.ds.end(), c.width), c.ds.end());  // single head d = D
+    EXPECT_GE(c.tune_seeds, 1);
   }
 }
 

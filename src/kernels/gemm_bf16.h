@@ -1,0 +1,102 @@
+// A matrix product of bfloat16 operands with float32 accumulation, for the fused kernel's
+// bfloat16 path: on vdpbf16ps (AVX512_BF16) where the CPU has it, elsewhere by converting to
+// float32 (a 16-bit shift) and running the float32 micro-kernel of gemm-inl.h.
+//
+// Packed pair format. vdpbf16ps multiplies, in each float32 lane, a pair of bfloat16 of A by a
+// pair of B and adds both products to the lane:
+//   C[m][n] (+)= alpha * sum_{k2 < K2} (A[m][2 k2] B[2 k2][n] + A[m][2 k2 + 1] B[2 k2 + 1][n])
+// so K is walked in pairs and both operands keep a pair in one 32-bit word (the lower 16 bits
+// the even k, the upper the odd one, i.e. little-endian memory order of two bfloat16):
+//   A: a[m * lda + k2], rows of pairs; a row of bfloat16 along k is already in this format.
+//   B: b[k2 * ldb + n], the pair (B[2 k2][n], B[2 k2 + 1][n]) of column n: two rows of B
+//      interleaved (pack_row_pairs), or the rows of B^T read as pairs (pack_transposed).
+// An odd K is padded with a zero k (the pack functions write it). N must be a multiple of 16
+// (one 512-bit vector of float32); callers pad their rows, as the float32 kernel's do.
+//
+// Contract (tests/bf16/test_gemm_bf16.cpp, on both paths): every C element is within
+// (K + 3) float32 units of roundoff of |alpha| sum_k |A B| + |C_in| of the exact result on the
+// same bfloat16 values (each bfloat16 product is exact in float32; the native path rounds once
+// per pair and once per accumulation, K2 + 2 in all; the fallback once per FMA). Denormals:
+// vdpbf16ps treats bfloat16 denormal inputs as zero and flushes denormal results to zero whatever
+// MXCSR says, so on the native path an input below 2^-126 in magnitude counts as 0 and a product or
+// partial sum below it becomes 0; the fallback computes them exactly (under the default MXCSR).
+// Either way an element differs from the exact product by at most the bound above plus |alpha|
+// 2^-126 (sum_k (|A(m,k)| + |B(k,n)|) + 2 K2): for attention's scores and probabilities, far below
+// float32's resolution of any result.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace sdpa::detail::bf16 {
+
+/// The float32 value of bfloat16 bits (exact: bfloat16 is float32's upper half).
+inline float to_float(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/// float32 to bfloat16, rounding to nearest even; NaN stays NaN (quiet), overflow gives inf.
+/// Denormals are kept (vcvtne2ps2bf16 of the native path flushes them; see the contract above).
+inline std::uint16_t from_float(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+/// True when gemm runs on vdpbf16ps: the CPU reports AVX512F and AVX512_BF16 (CPUID leaf 7
+/// subleaf 1, EAX bit 5, with the OS saving the 512-bit state) and the test hook does not force
+/// the fallback. hwy::SupportedTargets cannot tell: Highway 1.0.3 has no target with BF16.
+bool native();
+
+/// Tests only: true makes every function here take the converting fallback; false restores the
+/// CPU's choice. Not thread-safe against running calls.
+void force_fallback_for_test(bool fallback);
+
+/// C[m][n] = alpha * (A B)[m][n] + (accumulate ? C[m][n] : 0), m < M, n < N, as described at
+/// the top of this file. N % 16 == 0; lda >= K2, ldb >= N, ldc >= N (in words of their type).
+void gemm(bool accumulate, std::size_t M, std::size_t N, std::size_t K2, float alpha,
+          const std::uint32_t* a, std::size_t lda, const std::uint32_t* b, std::size_t ldb,
+          float* c, std::size_t ldc);
+
+/// The float32 product of the same shape on the dispatched Highway target (gemm-inl.h's Gemm):
+///   C[m][n] (+)= sum_k A[m * lda + k] B[k * ldb + n].   N % 16 == 0.
+/// What the fallback runs after converting; exported for the benchmark that compares the two.
+void gemm_f32(bool accumulate, std::size_t M, std::size_t N, std::size_t K, const float* a,
+              std::size_t lda, const float* b, std::size_t ldb, float* c, std::size_t ldc);
+
+// ---- packing -------------------------------------------------------------------------------
+// Each writes whole rows of its destination: the pairs past K and the columns past N are zero.
+
+/// A from bfloat16 rows: dst[m][k2] = (src[m][2 k2], src[m][2 k2 + 1]) for m < M, with a zero
+/// in the odd K's last pair and zero pairs from ceil(K / 2) up to lda.
+void pack_rows(const std::uint16_t* src, std::size_t M, std::size_t K, std::size_t ld_src,
+               std::uint32_t* dst, std::size_t lda);
+
+/// A from float32 rows, each element rounded to bfloat16 as from_float rounds it, except that a
+/// float32 denormal may become zero on the native path (vcvtne2ps2bf16: the SDM says it flushes
+/// them, Zen 5 measured to keep them).
+void pack_rows_rounded(const float* src, std::size_t M, std::size_t K, std::size_t ld_src,
+                       std::uint32_t* dst, std::size_t lda);
+
+/// B from bfloat16 rows of B (K x N, row-major): dst[k2][n] = (src[2 k2][n], src[2 k2 + 1][n]),
+/// rows K2 = ceil(K / 2), the odd K's partner row zero; columns N..ldb zero.
+void pack_row_pairs(const std::uint16_t* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                    std::uint32_t* dst, std::size_t ldb);
+
+/// pack_row_pairs from float32 rows, each element rounded as pack_rows_rounded rounds it (exact
+/// for float32 copies of bfloat16 values).
+void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                            std::uint32_t* dst, std::size_t ldb);
+
+/// B = T^T from the bfloat16 rows of T (N x K, row-major; the key rows for S = Q K^T):
+/// dst[k2][n] = (src[n][2 k2], src[n][2 k2 + 1]) for n < N, zero for N <= n < ldb.
+void pack_transposed(const std::uint16_t* src, std::size_t N, std::size_t K, std::size_t ld_src,
+                     std::uint32_t* dst, std::size_t ldb);
+
+}  // namespace sdpa::detail::bf16

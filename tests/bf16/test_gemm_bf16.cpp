@@ -1,0 +1,250 @@
+// The bfloat16 micro-kernel of kernels/gemm_bf16.h against a float64 product of the same
+// bfloat16 values, on both of its paths: vdpbf16ps (skipped where the CPU lacks AVX512_BF16)
+// and the converting fallback (forced through the test hook). Asserted, per the header's
+// contract:
+//   - every element within (K + 3) float32 roundoffs of |alpha| sum_k |A B| + |C_in|, on odd
+//     shapes (M not a multiple of the 6-row panel, N not of the 4-vector block, K odd, so the
+//     zero pad pair is used), with both B packings, leading dimensions past the row ends (their
+//     padding holds NaN, which must never be read) and C's columns past N left untouched;
+//   - the rounding of float32 to bfloat16 (nearest even, NaN, inf, overflow, -0);
+//   - denormals: the native path counts a bfloat16 denormal input as 0 and flushes a denormal
+//     product to 0; the fallback computes both exactly; normal tiny products are exact on both.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm_bf16.h"
+
+namespace {
+
+namespace bf16 = sdpa::detail::bf16;
+using std::size_t;
+using std::uint16_t;
+using std::uint32_t;
+
+constexpr uint16_t kBf16NaN = 0x7fc0;
+constexpr double kU = 0x1p-24;  // float32 unit roundoff
+
+// The paths: false = native (vdpbf16ps), true = the converting fallback.
+class Bf16Gemm : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    bf16::force_fallback_for_test(false);
+    if (!GetParam() && !bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+    bf16::force_fallback_for_test(GetParam());
+    ASSERT_EQ(bf16::native(), !GetParam());
+  }
+  void TearDown() override { bf16::force_fallback_for_test(false); }
+};
+
+std::string PathName(const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? "fallback" : "native";
+}
+
+// A row-major K x N bfloat16 matrix with leading dimension ld; the padding holds NaN.
+std::vector<uint16_t> random_bf16(size_t rows, size_t cols, size_t ld, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> x(rows * ld, kBf16NaN);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) x[r * ld + c] = bf16::from_float(normal(rng));
+  }
+  return x;
+}
+
+size_t ceil_half(size_t k) { return (k + 1) / 2; }
+
+void check_product(size_t M, size_t N, size_t K, bool accumulate, float alpha, bool transposed,
+                   std::mt19937_64& rng) {
+  SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K
+                                  << " accumulate=" << accumulate << " alpha=" << alpha
+                                  << " transposed=" << transposed);
+  const size_t K2 = ceil_half(K), lda = K2 + 3, ldb = N + 16, ldc = N + 5;
+  const size_t ld_a_src = K + 3;
+  const std::vector<uint16_t> a = random_bf16(M, K, ld_a_src, rng);
+  // B as K x N rows (pack_row_pairs) or as its transpose T = N x K (pack_transposed).
+  const size_t ld_b_src = transposed ? K + 1 : N + 7;
+  const std::vector<uint16_t> b =
+      transposed ? random_bf16(N, K, ld_b_src, rng) : random_bf16(K, N, ld_b_src, rng);
+  const auto B = [&](size_t k, size_t n) {
+    return double(bf16::to_float(transposed ? b[n * ld_b_src + k] : b[k * ld_b_src + n]));
+  };
+  std::vector<uint32_t> ap(M * lda, 0xdeadbeef), bp(K2 * ldb, 0xdeadbeef);
+  bf16::pack_rows(a.data(), M, K, ld_a_src, ap.data(), lda);
+  if (transposed) {
+    bf16::pack_transposed(b.data(), N, K, ld_b_src, bp.data(), ldb);
+  } else {
+    bf16::pack_row_pairs(b.data(), K, N, ld_b_src, bp.data(), ldb);
+  }
+
+  constexpr float kSentinel = 12345.f;
+  std::normal_distribution<float> normal;
+  std::vector<float> c(M * ldc, kSentinel), c_in(M * N);
+  for (size_t m = 0; m < M; ++m) {
+    for (size_t n = 0; n < N; ++n) c[m * ldc + n] = c_in[m * N + n] = normal(rng);
+  }
+  bf16::gemm(accumulate, M, N, K2, alpha, ap.data(), lda, bp.data(), ldb, c.data(), ldc);
+
+  double worst = 0;
+  for (size_t m = 0; m < M; ++m) {
+    for (size_t n = 0; n < N; ++n) {
+      double exact = 0, magnitude = 0;
+      for (size_t k = 0; k < K; ++k) {
+        const double p = double(bf16::to_float(a[m * ld_a_src + k])) * B(k, n);
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      exact *= alpha;
+      magnitude *= std::fabs(alpha);
+      if (accumulate) {
+        exact += c_in[m * N + n];
+        magnitude += std::fabs(c_in[m * N + n]);
+      }
+      const double err = std::fabs(double(c[m * ldc + n]) - exact);
+      const double bound = double(K + 3) * kU * magnitude;
+      ASSERT_LE(err, bound) << "at m=" << m << " n=" << n << ": " << c[m * ldc + n] << " vs "
+                            << exact;
+      worst = std::max(worst, magnitude > 0 ? err / (kU * magnitude) : 0.0);
+    }
+    for (size_t n = N; n < ldc; ++n) ASSERT_EQ(c[m * ldc + n], kSentinel) << "overrun at " << m;
+  }
+  ::testing::Test::RecordProperty("worst_error_in_roundoffs", std::to_string(worst));
+}
+
+TEST_P(Bf16Gemm, MatchesFloat64ProductOnOddShapes) {
+  std::mt19937_64 rng(20);
+  for (size_t M : {1, 5, 6, 7, 13, 64}) {
+    for (size_t N : {16, 48, 64, 80, 128}) {
+      for (size_t K : {1, 2, 3, 17, 64, 129}) {
+        const bool transposed = (M + K) % 2 == 0;
+        check_product(M, N, K, false, 1.0f, transposed, rng);
+        check_product(M, N, K, true, 0.0883883f, !transposed, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_P(Bf16Gemm, RoundsFloatToNearestEven) {
+  // Ties between neighbours: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 (odd last bit), so it
+  // goes to 1; 1 + 3 * 2^-8 lies between 1 + 2^-7 and 1 + 2^-6 and goes to the even 1 + 2^-6.
+  EXPECT_EQ(bf16::from_float(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(bf16::from_float(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_EQ(bf16::from_float(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above the tie: up
+  EXPECT_EQ(bf16::from_float(-0.0f), 0x8000);
+  EXPECT_EQ(bf16::from_float(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(bf16::from_float(FLT_MAX), 0x7f80);  // past bfloat16's largest finite: inf
+  EXPECT_TRUE(std::isnan(bf16::to_float(bf16::from_float(std::nanf("")))));
+  // A signalling NaN whose payload sits in the low 16 bits only must not become inf.
+  EXPECT_TRUE(std::isnan(bf16::to_float(bf16::from_float(std::bit_cast<float>(0x7f800001u)))));
+
+  // pack_rows_rounded on this path (native: vcvtne2ps2bf16, 32 at a time) rounds every normal
+  // float like from_float, pads the odd K's pair and the row with zeros.
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal;
+  for (size_t K : {1, 31, 32, 33, 70, 128}) {
+    const size_t lda = ceil_half(K) + 2, ld = K + 1;
+    std::vector<float> src(3 * ld);
+    for (float& x : src) x = normal(rng) * 100.f;
+    std::vector<uint32_t> dst(3 * lda, 0xdeadbeef);
+    bf16::pack_rows_rounded(src.data(), 3, K, ld, dst.data(), lda);
+    for (size_t m = 0; m < 3; ++m) {
+      for (size_t k = 0; k < 2 * lda; ++k) {
+        const uint32_t w = dst[m * lda + k / 2];
+        const auto got = static_cast<uint16_t>(k % 2 == 0 ? w : w >> 16);
+        const uint16_t want = k < K ? bf16::from_float(src[m * ld + k]) : 0;
+        ASSERT_EQ(got, want) << "K=" << K << " m=" << m << " k=" << k;
+        if (k < K) {
+          const double x = src[m * ld + k];
+          ASSERT_LE(std::fabs(bf16::to_float(got) - x), 0x1p-8 * std::fabs(x));  // half an ulp
+        }
+      }
+    }
+  }
+}
+
+// bfloat16 bits of 2^e for a normal e.
+uint16_t pow2(int e) { return static_cast<uint16_t>((127 + e) << 7); }
+
+TEST_P(Bf16Gemm, DenormalsAsTheContractSays) {
+  const bool native = !GetParam();
+  const size_t N = 16, K2 = 1;
+  std::vector<uint32_t> b(N, pow2(0));  // B[0][n] = 1, B[1][n] = 0
+  std::vector<float> c(N);
+  const auto product = [&](uint16_t a0, uint16_t b0) {
+    const uint32_t a = a0;
+    std::fill(b.begin(), b.end(), b0);
+    bf16::gemm(false, 1, N, K2, 1.0f, &a, 1, b.data(), N, c.data(), N);
+    for (size_t n = 1; n < N; ++n) EXPECT_EQ(c[n], c[0]);
+    return c[0];
+  };
+  // A denormal bfloat16 input (2^-133) times 1.
+  const float denormal_in = product(0x0001, pow2(0));
+  // Two normal inputs whose product, 2^-140, is a float32 denormal.
+  const float denormal_out = product(pow2(-70), pow2(-70));
+  // Two normal inputs whose product, 2^-120, is normal: exact on both paths.
+  EXPECT_EQ(product(pow2(-60), pow2(-60)), 0x1p-120f);
+  if (native) {
+    EXPECT_EQ(denormal_in, 0.0f) << "vdpbf16ps treats a denormal input as zero";
+    EXPECT_EQ(denormal_out, 0.0f) << "vdpbf16ps flushes a denormal result to zero";
+  } else {
+    EXPECT_EQ(denormal_in, 0x1p-133f);
+    EXPECT_EQ(denormal_out, 0x1p-140f);
+  }
+  // The path-independent bound: at most 2^-126 from the exact value.
+  EXPECT_LE(std::fabs(denormal_in - 0x1p-133), 0x1p-126);
+  EXPECT_LE(std::fabs(denormal_out - 0x1p-140), 0x1p-126);
+
+  // The rounding pack: the SDM's vcvtne2ps2bf16 flushes a float32 denormal to zero, Zen 5's
+  // keeps it (measured), so the native path may give either; the fallback keeps it.
+  const float tiny = 0x1p-130f;
+  uint32_t packed = 0xdeadbeef;
+  bf16::pack_rows_rounded(&tiny, 1, 1, 1, &packed, 1);
+  if (native) {
+    EXPECT_TRUE(packed == 0u || packed == bf16::from_float(tiny)) << packed;
+  } else {
+    EXPECT_EQ(packed, bf16::from_float(tiny));
+  }
+  EXPECT_NE(bf16::from_float(tiny), 0);
+}
+
+TEST_P(Bf16Gemm, NonFiniteOperandsPropagate) {
+  const size_t N = 32;
+  const uint32_t a = pow2(1) | uint32_t{pow2(0)} << 16;  // (2, 1)
+  std::vector<uint32_t> b(N, pow2(0));
+  b[3] = 0x7f80;                     // B[0][3] = inf
+  b[17] = uint32_t{kBf16NaN} << 16;  // B[1][17] = NaN
+  std::vector<float> c(N, 1.0f);
+  bf16::gemm(true, 1, N, 1, 1.0f, &a, 1, b.data(), N, c.data(), N);
+  EXPECT_EQ(c[0], 3.0f);  // 1 + 2 * 1 + 1 * 0
+  EXPECT_EQ(c[3], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(c[17]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Gemm, ::testing::Values(false, true), PathName);
+
+TEST(Bf16Cpu, NativeIffTheCpuReportsAvx512Bf16) {
+  bf16::force_fallback_for_test(false);
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  bool has = false;
+#if defined(__x86_64__)
+  // CPUID leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16), read directly.
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
+  has = (eax >> 5) & 1u;
+#endif
+  // The kernel also requires the OS to save zmm state; on Linux x86-64 it does when AVX-512 is
+  // reported at all, so the two agree.
+  EXPECT_EQ(bf16::native(), has);
+  bf16::force_fallback_for_test(true);
+  EXPECT_FALSE(bf16::native());
+  bf16::force_fallback_for_test(false);
+}
+
+}  // namespace
