@@ -36,7 +36,9 @@
 
 namespace py = pybind11;
 
-void bind_kvcache(py::module_& m);  // kvcache_binding.cpp
+void bind_kvcache(py::module_& m);   // kvcache_binding.cpp
+void bind_variants(py::module_& m);  // variants_binding.cpp
+void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs);
 
 // Option arguments that pybind11 passes through unconverted (any Python object), so that
 // make_options() and friends can say which argument has the wrong type; the signature in the
@@ -323,17 +325,6 @@ sdpa::AttentionOptions make_options(const PyOptions& py_options) {
   return o;
 }
 
-void check_dropout(const py::object& dropout) {
-  const double dropout_p = as_real(dropout, "dropout_p");
-  if (dropout_p != 0.0) {
-    PyErr_SetString(PyExc_NotImplementedError,
-                    ("dropout_p: dropout is not implemented; expected 0.0, got " +
-                     text_of(py::float_(dropout_p)))
-                        .c_str());
-    throw py::error_already_set();
-  }
-}
-
 // ---- attention ---------------------------------------------------------------------------------
 
 struct AttentionInputs {
@@ -354,14 +345,15 @@ py::object forward(const py::object& query, const py::object& key, const py::obj
                    const py::object& attn_mask, const BoolArg& is_causal_arg,
                    const OptionalFloatArg& scale_arg, const BoolArg& enable_gqa_arg,
                    const OptionalStrArg& causal_arg, const BoolArg& return_lse_arg,
-                   const StrArg& impl_arg, const IntArg& threads_arg) {
+                   const StrArg& impl_arg, const IntArg& threads_arg, const py::kwargs& variants) {
   const py::object &is_causal = is_causal_arg.value, &scale = scale_arg.value,
                    &enable_gqa = enable_gqa_arg.value, &causal = causal_arg.value,
                    &return_lse_obj = return_lse_arg.value, &impl = impl_arg.value,
                    &threads = threads_arg.value;
   return translate([&]() -> py::object {
-    const sdpa::AttentionOptions options =
+    sdpa::AttentionOptions options =
         make_options({is_causal, scale, enable_gqa, causal, impl, threads});
+    apply_variant_keywords(options, variants);
     const bool return_lse = as_bool(return_lse_obj, "return_lse");
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
     const sdpa::DType d = in.query.ref.dtype;
@@ -391,10 +383,12 @@ py::array scaled_dot_product_attention(const py::object& query, const py::object
                                        const FloatArg& dropout_p, const BoolArg& is_causal,
                                        const OptionalFloatArg& scale, const BoolArg& enable_gqa,
                                        const OptionalStrArg& causal, const StrArg& impl,
-                                       const IntArg& threads) {
-  check_dropout(dropout_p.value);
+                                       const IntArg& threads, const py::kwargs& variants) {
+  py::kwargs with_dropout;
+  for (const auto& [k, v] : variants) with_dropout[k] = v;
+  with_dropout["dropout_p"] = dropout_p.value;
   return forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal,
-                 BoolArg{py::bool_(false)}, impl, threads);
+                 BoolArg{py::bool_(false)}, impl, threads, with_dropout);
 }
 
 py::tuple backward(const py::object& query, const py::object& key, const py::object& value,
@@ -402,13 +396,14 @@ py::tuple backward(const py::object& query, const py::object& key, const py::obj
                    const py::object& attn_mask, const BoolArg& is_causal_arg,
                    const OptionalFloatArg& scale_arg, const BoolArg& enable_gqa_arg,
                    const OptionalStrArg& causal_arg, const StrArg& impl_arg,
-                   const IntArg& threads_arg) {
+                   const IntArg& threads_arg, const py::kwargs& variants) {
   const py::object &is_causal = is_causal_arg.value, &scale = scale_arg.value,
                    &enable_gqa = enable_gqa_arg.value, &causal = causal_arg.value,
                    &impl = impl_arg.value, &threads = threads_arg.value;
   return translate([&]() -> py::tuple {
-    const sdpa::AttentionOptions options =
+    sdpa::AttentionOptions options =
         make_options({is_causal, scale, enable_gqa, causal, impl, threads});
+    apply_variant_keywords(options, variants);
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
     const Input out_in = prepare(out, "out", Role::floating);
     const Input lse_in = prepare(lse, "lse", Role::floating);
@@ -420,11 +415,16 @@ py::tuple backward(const py::object& query, const py::object& key, const py::obj
     py::array dv = new_array(in.value.ref.dtype, in.value.ref.shape);
     const sdpa::MutableTensorRef dq_ref = mutable_ref(dq, d), dk_ref = mutable_ref(dk, dkv),
                                  dv_ref = mutable_ref(dv, in.value.ref.dtype);
+    // With sinks, their gradient comes fourth.
+    py::array ds = new_array(d, {static_cast<std::int64_t>(options.sinks.size())});
+    const sdpa::MutableTensorRef ds_ref = mutable_ref(ds, d);
     {
       py::gil_scoped_release release;
       sdpa::attention_backward(in.query.ref, in.key.ref, in.value.ref, in.mask_ref(), out_in.ref,
-                               lse_in.ref, grad_in.ref, options, dq_ref, dk_ref, dv_ref);
+                               lse_in.ref, grad_in.ref, options, dq_ref, dk_ref, dv_ref,
+                               options.sinks.empty() ? nullptr : &ds_ref);
     }
+    if (!options.sinks.empty()) return py::make_tuple(dq, dk, dv, ds);
     return py::make_tuple(dq, dk, dv);
   });
 }
@@ -637,7 +637,7 @@ Arguments:
   attn_mask: None, or an array broadcastable to (..., Hq, L, S): bool (True = the key takes
     part) or float32/float64 (added to the scaled scores; -inf allowed). Broadcast views are
     not expanded.
-  dropout_p: must be 0.0; anything else raises NotImplementedError (no dropout yet).
+  dropout_p: dropout on the attention weights, in [0, 1), with the keyword seed.
   is_causal: True is causal='upper-left' (PyTorch's tril(ones(L, S))).
   scale: the score scale; None means 1/sqrt(E). Must be finite.
   enable_gqa: grouped-query attention: Hq a multiple of Hkv; query head h reads key/value head
@@ -646,16 +646,17 @@ Arguments:
     tril(ones(L, S), S - L)). Combines with attn_mask: a key must be allowed by both.
   impl (keyword): 'fast' (the fused kernel), 'reference' (float64 accumulation) or 'naive'.
   threads (keyword): 0 = one per core, else 1..1024.
+  Variants (keywords, FlashAttention's semantics, docs/variants.md): window_size=(left, right),
+    softcap, alibi_slopes ((Hq,) or (B, Hq)), sinks ((Hq,)), seed (of the dropout mask).
 
 Returns out, (..., Hq, L, Ev), the query's dtype. Rows that see no key are zeros.
-Raises TypeError for dtypes, ValueError for shapes and options, NotImplementedError for
-dropout_p != 0.
+Raises TypeError for dtypes, ValueError for shapes and options.
 )doc";
 
 constexpr const char* kForwardDoc =
     R"doc(The forward pass: (out, lse) when return_lse (the default), else out.
 
-Same arguments as scaled_dot_product_attention (without dropout_p). lse has shape (..., Hq, L)
+Same arguments as scaled_dot_product_attention (dropout_p as a keyword). lse has shape (..., Hq, L)
 and the query's dtype: lse = log(sum_s exp(score[l, s])), the natural log-sum-exp of each row of
 scaled, masked scores; -inf for a row whose every key is masked. Pass out and lse on to
 attention_backward.
@@ -668,7 +669,8 @@ and value, shaped like them, in the query's dtype.
 out and lse are attention_forward's results for the same inputs and options; grad_out has out's
 shape. The options (attn_mask, is_causal, scale, enable_gqa, causal) must be the forward's.
 Computes dS = P * (dP - rowsum(grad_out * out)); the softmax Jacobian is never formed. Rows whose
-every key is masked contribute zero gradients.
+every key is masked contribute zero gradients. With the keyword sinks, returns (dq, dk, dv,
+dsinks). The variant keywords (and dropout_p, seed) must be the forward's.
 )doc";
 
 constexpr const char* kSoftmaxDoc =
@@ -737,6 +739,7 @@ PYBIND11_MODULE(_sdpa, m) {
       py::arg("axis") = -1, py::arg("scale") = 1.0);
 
   bind_kvcache(m);
+  bind_variants(m);
 
   // For the tests of the zero-copy rule: the array the C++ code would read for this argument.
   m.def(

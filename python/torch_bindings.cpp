@@ -17,6 +17,9 @@
 
 namespace py = pybind11;
 
+// variants_binding.cpp: window_size, softcap, alibi_slopes, sinks, dropout_p, seed.
+void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs);
+
 namespace {
 
 // (data pointer, dtype name, shape, strides): what sdpa/torch.py's _describe() passes.
@@ -71,9 +74,10 @@ sdpa::AttentionOptions options_of(const std::string& causal, std::optional<doubl
 void forward(const Described& query, const Described& key, const Described& value,
              const std::optional<Described>& mask, const Described& out, const Described& lse,
              const std::string& causal, std::optional<double> scale, bool enable_gqa,
-             const std::string& impl, int threads) {
+             const std::string& impl, int threads, const py::kwargs& variants) {
   try {
-    const sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
+    sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
+    apply_variant_keywords(o, variants);
     const sdpa::TensorRef q = ref(query, "query"), k = ref(key, "key"), v = ref(value, "value");
     std::optional<sdpa::TensorRef> m;
     if (mask) m = ref(*mask, "attn_mask");
@@ -89,9 +93,11 @@ void backward(const Described& query, const Described& key, const Described& val
               const std::optional<Described>& mask, const Described& out, const Described& lse,
               const Described& grad_out, const Described& dq, const Described& dk,
               const Described& dv, const std::string& causal, std::optional<double> scale,
-              bool enable_gqa, const std::string& impl, int threads) {
+              bool enable_gqa, const std::string& impl, int threads,
+              const std::optional<Described>& dsinks, const py::kwargs& variants) {
   try {
-    const sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
+    sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
+    apply_variant_keywords(o, variants);
     const sdpa::TensorRef q = ref(query, "query"), k = ref(key, "key"), v = ref(value, "value");
     std::optional<sdpa::TensorRef> m;
     if (mask) m = ref(*mask, "attn_mask");
@@ -100,9 +106,11 @@ void backward(const Described& query, const Described& key, const Described& val
     const sdpa::MutableTensorRef dq_ref = mutable_ref(dq, "grad_query"),
                                  dk_ref = mutable_ref(dk, "grad_key"),
                                  dv_ref = mutable_ref(dv, "grad_value");
+    std::optional<sdpa::MutableTensorRef> ds_ref;
+    if (dsinks) ds_ref = mutable_ref(*dsinks, "grad_sinks");
     py::gil_scoped_release release;
     sdpa::attention_backward(q, k, v, m ? &*m : nullptr, o_in, l_in, g_in, o, dq_ref, dk_ref,
-                             dv_ref);
+                             dv_ref, ds_ref ? &*ds_ref : nullptr);
   } catch (const sdpa::Error& e) {
     raise(e.what());
   }
@@ -117,10 +125,12 @@ void bind_torch(py::module_& m) {
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("out"),
         py::arg("lse"), py::arg("causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("impl"),
         py::arg("threads"));
-  m.def("_backward_described", &backward,
-        "For sdpa.torch: attention_backward on described tensors, writing dq, dk and dv.",
-        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("out"),
-        py::arg("lse"), py::arg("grad_out"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
-        py::arg("causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("impl"),
-        py::arg("threads"));
+  m.def(
+      "_backward_described", &backward,
+      "For sdpa.torch: attention_backward on described tensors, writing dq, dk and dv (and dsinks "
+      "when given).",
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("out"),
+      py::arg("lse"), py::arg("grad_out"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+      py::arg("causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("impl"),
+      py::arg("threads"), py::arg("dsinks") = py::none());
 }

@@ -1,7 +1,10 @@
 // sdpa attention: read .npy inputs, run forward (and backward), write .npy outputs atomically.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "io/npy.h"
@@ -22,22 +25,49 @@ struct AttentionArgs {
   bool enable_gqa = false;
   int threads = 0;
   std::string grad_output, grad_query, grad_key, grad_value;
+  // Variants (docs/variants.md).
+  std::string window, alibi_slopes, sinks, grad_sinks;
+  double softcap = 0.0, dropout_p = 0.0;
+  std::uint64_t seed = 0;
 #ifdef SDPA_HAS_MPI
   ContextParallelCall context_parallel;
 #endif
 };
 
 void check_gradient_flags(const AttentionArgs& a) {
-  const bool any_grad = !a.grad_query.empty() || !a.grad_key.empty() || !a.grad_value.empty();
+  const bool any_grad = !a.grad_query.empty() || !a.grad_key.empty() || !a.grad_value.empty() ||
+                        !a.grad_sinks.empty();
   if (!a.grad_output.empty() && !any_grad) {
     throw Error(ErrorKind::bad_value, "--grad-output",
-                "expected with at least one of --grad-query, --grad-key, --grad-value, got none "
-                "of them");
+                "expected with at least one of --grad-query, --grad-key, --grad-value, "
+                "--grad-sinks, got none of them");
   }
   if (a.grad_output.empty() && any_grad) {
     throw Error(ErrorKind::bad_value, "--grad-output",
-                "expected when --grad-query, --grad-key or --grad-value is given, got none");
+                "expected when --grad-query, --grad-key, --grad-value or --grad-sinks is given, "
+                "got none");
   }
+}
+
+// --window LEFT,RIGHT: two integers, -1 for an unbounded side.
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& text) {
+  const auto comma = text.find(',');
+  std::int64_t v[2] = {0, 0};
+  bool ok = comma != std::string::npos;
+  const std::string parts[2] = {ok ? text.substr(0, comma) : text,
+                                ok ? text.substr(comma + 1) : std::string()};
+  for (int i = 0; i < 2 && ok; ++i) {
+    const char* begin = parts[i].data();
+    const char* end = begin + parts[i].size();
+    const auto [ptr, ec] = std::from_chars(begin, end, v[i]);
+    ok = !parts[i].empty() && ec == std::errc() && ptr == end && v[i] >= -1;
+  }
+  if (!ok) {
+    throw Error(
+        ErrorKind::bad_value, "--window",
+        fmt::format("expected LEFT,RIGHT, two integers >= -1 (-1 = unbounded), got '{}'", text));
+  }
+  return {v[0], v[1]};
 }
 
 // The options of the call; bad values are rejected here, before anything is read.
@@ -49,7 +79,25 @@ AttentionOptions make_options(const AttentionArgs& a) {
   options.impl = parse_impl(a.impl);
   options.threads = a.threads;
   resolve_threads(options.threads);
+  if (!a.window.empty()) {
+    const auto [left, right] = parse_window(a.window);
+    options.window_left = left;
+    options.window_right = right;
+  }
+  options.softcap = a.softcap;
+  options.dropout_p = a.dropout_p;
+  options.seed = a.seed;
   return options;
+}
+
+// The values of a float .npy (--alibi-slopes, --sinks) as float64, flattened.
+std::vector<double> read_values(const std::string& flag, const std::string& path) {
+  const Array raw = read_npy(path);
+  if (raw.dtype() == DType::boolean) {
+    throw Error(ErrorKind::bad_type, flag + " " + path, "expected float32 or float64, got bool");
+  }
+  const Array a = raw.astype(DType::float64);
+  return std::vector<double>(a.data_as<double>(), a.data_as<double>() + a.numel());
 }
 
 void run(const AttentionArgs& a) {
@@ -58,6 +106,13 @@ void run(const AttentionArgs& a) {
   // that hold them at the end, so no rank may leave temporaries behind if another one dies.
   if (!a.context_parallel.strategy.empty()) {
     check_gradient_flags(a);
+    const AttentionOptions o = make_options(a);
+    if (o.window_left >= 0 || o.window_right >= 0 || o.softcap > 0.0 || o.dropout_p > 0.0 ||
+        !a.alibi_slopes.empty() || !a.sinks.empty() || !a.grad_sinks.empty()) {
+      throw Error(ErrorKind::bad_value, "--context-parallel",
+                  "expected without --window, --softcap, --alibi-slopes, --sinks, --dropout-p "
+                  "(the ranks compute plain attention), got some of them");
+    }
     return run_context_parallel_attention({a.query, a.key, a.value, a.mask, a.out, a.lse,
                                            a.grad_output, a.grad_query, a.grad_key, a.grad_value},
                                           make_options(a), a.context_parallel);
@@ -71,15 +126,24 @@ void run(const AttentionArgs& a) {
   commit.protect_input("--value", a.value);
   if (!a.mask.empty()) commit.protect_input("--mask", a.mask);
   if (!a.grad_output.empty()) commit.protect_input("--grad-output", a.grad_output);
+  if (!a.alibi_slopes.empty()) commit.protect_input("--alibi-slopes", a.alibi_slopes);
+  if (!a.sinks.empty()) commit.protect_input("--sinks", a.sinks);
   const std::size_t out_file = commit.add_file("--out", a.out);
   std::optional<std::size_t> lse_file, dq_file, dk_file, dv_file;
   if (!a.lse.empty()) lse_file = commit.add_file("--lse", a.lse);
   if (!a.grad_query.empty()) dq_file = commit.add_file("--grad-query", a.grad_query);
   if (!a.grad_key.empty()) dk_file = commit.add_file("--grad-key", a.grad_key);
   if (!a.grad_value.empty()) dv_file = commit.add_file("--grad-value", a.grad_value);
+  std::optional<std::size_t> dsink_file;
+  if (!a.grad_sinks.empty()) dsink_file = commit.add_file("--grad-sinks", a.grad_sinks);
   check_gradient_flags(a);
+  if (!a.grad_sinks.empty() && a.sinks.empty()) {
+    throw Error(ErrorKind::bad_value, "--grad-sinks", "expected only with --sinks, got no --sinks");
+  }
 
-  const AttentionOptions options = make_options(a);
+  AttentionOptions options = make_options(a);
+  if (!a.alibi_slopes.empty()) options.alibi_slopes = read_values("--alibi-slopes", a.alibi_slopes);
+  if (!a.sinks.empty()) options.sinks = read_values("--sinks", a.sinks);
   const Array q = read_npy(a.query);
   const Array k = read_npy(a.key);
   const Array v = read_npy(a.value);
@@ -99,9 +163,11 @@ void run(const AttentionArgs& a) {
   if (!a.grad_output.empty()) {
     const Array dout = read_npy(a.grad_output);
     Array dq(q.dtype(), q.shape()), dk(k.dtype(), k.shape()), dv(v.dtype(), v.shape());
+    Array dsinks(q.dtype(), {static_cast<std::int64_t>(options.sinks.size())});
+    const MutableTensorRef dsinks_ref = dsinks.mut();
     try {
       attention_backward(q, k, v, mask ? &mask_ref : nullptr, out, lse, dout, options, dq.mut(),
-                         dk.mut(), dv.mut());
+                         dk.mut(), dv.mut(), dsink_file ? &dsinks_ref : nullptr);
     } catch (const Error& e) {
       // Name the file the user gave rather than the API's parameter.
       if (e.argument() == "grad_out") {
@@ -114,6 +180,7 @@ void run(const AttentionArgs& a) {
     if (dq_file) io::write_npy(commit, *dq_file, dq.ref());
     if (dk_file) io::write_npy(commit, *dk_file, dk.ref());
     if (dv_file) io::write_npy(commit, *dv_file, dv.ref());
+    if (dsink_file) io::write_npy(commit, *dsink_file, dsinks.ref());
   }
   commit.commit();
 }
@@ -154,6 +221,23 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--grad-query", args->grad_query, "write dL/dquery here");
   cmd->add_option("--grad-key", args->grad_key, "write dL/dkey here");
   cmd->add_option("--grad-value", args->grad_value, "write dL/dvalue here");
+  cmd->add_option("--window", args->window,
+                  "sliding window LEFT,RIGHT: query i sees keys i+d-LEFT .. i+d+RIGHT, "
+                  "d = S - L; -1 = unbounded side (FlashAttention's window_size)");
+  cmd->add_option("--softcap", args->softcap,
+                  "logit softcap c: score = c * tanh(scale * q.k / c); 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--alibi-slopes", args->alibi_slopes,
+                  "ALiBi slopes .npy, (Hq,) or (..., Hq): adds -slope * |i + d - j| to the score");
+  cmd->add_option("--sinks", args->sinks,
+                  "attention sinks .npy, (Hq,): one logit per head in the softmax denominator");
+  cmd->add_option("--grad-sinks", args->grad_sinks, "write dL/dsinks here (with --sinks)");
+  cmd->add_option("--dropout-p", args->dropout_p,
+                  "dropout probability in [0, 1) on the attention weights (Philox, --seed)")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "seed of the dropout mask")
+      ->check(seed_validator())
+      ->capture_default_str();
 #ifdef SDPA_HAS_MPI
   add_context_parallel_options(cmd, args->context_parallel);
 #endif

@@ -145,6 +145,25 @@ struct AttentionOptions {
   bool enable_gqa = false;
   Impl impl = Impl::fast;
   int threads = 0;  ///< 0: one per core of this machine; otherwise 1..1024
+
+  // Variants, with FlashAttention's semantics (docs/variants.md); i is the query row, j the key,
+  // d = S - L. Every one works with every impl but naive, forward and backward.
+  /// Sliding window: query i sees keys j in [i + d - window_left, i + d + window_right]; -1
+  /// leaves that side unbounded. Combines with causal and the mask (a key must pass all).
+  std::int64_t window_left = -1, window_right = -1;
+  /// Logit softcap c (0 = off): the score is c * tanh(scale * q.k / c), before ALiBi and mask.
+  double softcap = 0.0;
+  /// ALiBi slopes, Hq values (one per query head) or B * Hq (per batch and head, batch-major):
+  /// -slope * |i + d - j| is added to the score. Empty: off.
+  std::vector<double> alibi_slopes = {};
+  /// Attention sinks, Hq logits: each joins its head's softmax denominator,
+  /// p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k)); lse includes it. Empty: off.
+  std::vector<double> sinks = {};
+  /// Dropout on the probabilities (scaled by 1 / (1 - p)), p in [0, 1); the mask comes from
+  /// Philox4x32-10 keyed by `seed` and counted by (batch, head, i, j), so that the backward
+  /// regenerates it. lse is the softmax's, before dropout.
+  double dropout_p = 0.0;
+  std::uint64_t seed = 0;
 };
 
 /// Number of threads a call with `threads` would use (resolves 0 to the core count).
@@ -166,14 +185,16 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
                        const MutableTensorRef& out, const MutableTensorRef* lse = nullptr);
 
 /// Gradients of sum(out * grad_out) with respect to query, key and value, each of its input's
-/// dtype (grad_out: out's). `out` and `lse` are
+/// dtype (grad_out: out's), and, when grad_sinks is given (float32 or float64 inputs, the
+/// query's dtype, shape (Hq,)), the options' sinks. `out` and `lse` are
 /// the forward's results for the same inputs and options. The reference implementation
 /// recomputes them in float64 from the inputs (it is the oracle) and only checks their shapes.
 void attention_backward(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                         const TensorRef* mask, const TensorRef& out, const TensorRef& lse,
                         const TensorRef& grad_out, const AttentionOptions& options,
                         const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
-                        const MutableTensorRef& grad_value);
+                        const MutableTensorRef& grad_value,
+                        const MutableTensorRef* grad_sinks = nullptr);
 
 // ---- Numerically stable softmax on one row -------------------------------------------------
 // These accumulate in float64 whatever T is. softmax(c * x): the max is subtracted before exp,

@@ -124,50 +124,66 @@ def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group):
 
 
 class _Attention(torch.autograd.Function):
-    """out = softmax(q k^T * scale + mask) v; backward by the library's fused backward."""
+    """out = softmax(q k^T * scale + mask) v; backward by the library's fused backward.
+    `variants` holds the variant keywords (window_size, softcap, alibi_slopes, dropout_p, seed)
+    as the C++ bindings take them; `sinks` is a tensor (it gets a gradient) or None."""
 
     @staticmethod
-    def forward(ctx, query, key, value, attn_mask, causal, scale, enable_gqa, impl, threads):
+    def forward(ctx, query, key, value, attn_mask, causal, scale, enable_gqa, impl, threads,
+                sinks, variants):
         out = _empty_like_layout(query, tuple(query.shape[:-1]) + tuple(value.shape[-1:]),
                                  query.dtype)
         lse = torch.empty(tuple(query.shape[:-1]),
                           dtype=torch.float32 if query.dtype in _HALF else query.dtype)
+        kw = dict(variants)
+        if sinks is not None:
+            kw["sinks"] = sinks.detach().to(torch.float64).numpy()
         _sdpa._forward_described(
             _describe(query), _describe(key), _describe(value),
             None if attn_mask is None else _describe(attn_mask), _describe(out), _describe(lse),
-            causal, scale, enable_gqa, impl, threads)
-        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
-        ctx.options = (causal, scale, enable_gqa, impl, threads)
+            causal, scale, enable_gqa, impl, threads, **kw)
+        ctx.save_for_backward(query, key, value, attn_mask, out, lse, sinks)
+        ctx.options = (causal, scale, enable_gqa, impl, threads, kw)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        query, key, value, attn_mask, out, lse = ctx.saved_tensors
-        causal, scale, enable_gqa, impl, threads = ctx.options
+        query, key, value, attn_mask, out, lse, sinks = ctx.saved_tensors
+        causal, scale, enable_gqa, impl, threads, kw = ctx.options
         g = _last_contiguous(grad_out)
         if g.dtype != query.dtype:
             g = g.to(query.dtype)
         dq = _empty_like_layout(query, query.shape, query.dtype)
         dk = _empty_like_layout(key, key.shape, key.dtype)
         dv = _empty_like_layout(value, value.shape, value.dtype)
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[9]:
+            dsinks = torch.empty(sinks.shape, dtype=query.dtype)
         _sdpa._backward_described(
             _describe(query), _describe(key), _describe(value),
             None if attn_mask is None else _describe(attn_mask), _describe(out), _describe(lse),
             _describe(g), _describe(dq), _describe(dk), _describe(dv),
-            causal, scale, enable_gqa, impl, threads)
+            causal, scale, enable_gqa, impl, threads,
+            None if dsinks is None else _describe(dsinks), **kw)
         dmask = None
         if ctx.needs_input_grad[3]:
+            if kw:
+                raise NotImplementedError("attn_mask: its gradient is not implemented with "
+                                          "window_size, softcap, alibi_slopes, sinks or dropout_p")
             E = query.shape[-1]
             s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
             group = query.shape[-3] // key.shape[-3] if query.dim() >= 3 and key.shape[-3] else 1
             dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group)
-        return dq, dk, dv, dmask, None, None, None, None, None
+        if dsinks is not None:
+            dsinks = dsinks.to(sinks.dtype)
+        return dq, dk, dv, dmask, None, None, None, None, None, dsinks, None
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, causal=None,
-                                 impl="fast", threads=0):
+                                 impl="fast", threads=0, window_size=None, softcap=0.0,
+                                 alibi_slopes=None, sinks=None, seed=None):
     """softmax(query @ key.transpose(-2, -1) * scale + attn_mask) @ value, as
     torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x), with autograd.
 
@@ -179,19 +195,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out), the gradients like their inputs.
     attn_mask: None, bool (True = takes part) or float (added to the scores; -inf allowed),
     broadcastable to (..., Hq, L, S); a float mask that requires grad gets one.
-    dropout_p: must be 0.0 (NotImplementedError otherwise: there is no dropout yet).
+    dropout_p: dropout on the attention weights, in [0, 1), scaled by 1 / (1 - p); the mask
+    comes from Philox keyed by `seed` (None: one drawn from torch's generator, so that
+    torch.manual_seed governs it) and is regenerated, not stored, by the backward.
     is_causal: PyTorch's upper-left rule, tril(ones(L, S)); it may be combined with attn_mask
     (PyTorch raises there), both must allow a key.
     scale: None means 1/sqrt(E). enable_gqa: Hq a multiple of Hkv (repeat_interleave).
     Keywords beyond PyTorch's: causal ('upper-left' or 'lower-right', FlashAttention's
-    tril(ones(L, S), S - L)), impl ('fast', 'reference', 'naive'), threads (0 = one per core).
+    tril(ones(L, S), S - L)), impl ('fast', 'reference', 'naive'), threads (0 = one per core),
+    and FlashAttention's variants (docs/variants.md): window_size=(left, right) (-1 = unbounded),
+    softcap, alibi_slopes ((Hq,) or (B, Hq)), sinks ((Hq,) tensor: one logit per head in the
+    softmax's denominator, with a gradient when it requires one).
 
     Returns out (..., Hq, L, Ev). Rows that see no key are zeros (PyTorch gives NaN there) and
     get zero gradients.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"dropout_p: dropout is not implemented in sdpa; expected 0.0, got {dropout_p}")
     floats = _FLOATS
     _check_tensor(query, "query", floats)
     _check_tensor(key, "key", floats)
@@ -206,9 +224,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]} "
                         "(only a float32 or bfloat16 query may read key and value of one other "
                         "dtype, float16 or bfloat16)")
+    variants = {}
+    if window_size is not None:
+        variants["window_size"] = tuple(window_size)
+    if softcap:
+        variants["softcap"] = softcap
+    if alibi_slopes is not None:
+        a = alibi_slopes.detach() if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
+        variants["alibi_slopes"] = torch.as_tensor(a, dtype=torch.float64).numpy()
+    if dropout_p != 0.0:
+        variants["dropout_p"] = dropout_p
+        variants["seed"] = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float64)
     q, k, v = (_last_contiguous(t) for t in (query, key, value))
     m = None if attn_mask is None else _last_contiguous(attn_mask)
-    return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads))
+    return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads), sinks,
+                            variants)
 
 
 # ---- routing an existing model through sdpa ---------------------------------------------------

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <cmath>
 #include <optional>
 #include <thread>
 
@@ -143,10 +144,30 @@ std::vector<std::int64_t> attention_lse_shape(const TensorRef& query) {
 
 namespace {
 
+// The naive baseline implements plain attention only; the variants (window, softcap, ALiBi,
+// sinks, dropout) are served by the reference and the fused kernel.
+void check_variants_supported(const detail::Problem& p, Impl requested) {
+  if (requested == Impl::naive && p.variants.any()) {
+    throw Error(ErrorKind::bad_value, "impl",
+                "expected fast or reference with window, softcap, alibi_slopes, sinks or "
+                "dropout_p, got naive (it computes plain attention only)");
+  }
+}
+
 // The fast and naive kernels compute float32 problems in float32; the few whose float32
 // intermediates could pass float32's range (absurd scales, magnitudes or mask values; see
 // kernels/range.cpp) are computed by the float64 reference instead, which never overflows there.
 Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_out) {
+  check_variants_supported(p, requested);
+  if (requested == Impl::fast && p.dtype == DType::float32 && p.variants.alibi != nullptr) {
+    // ALiBi's bias reaches slope * (L + S): past 1e30 the float32 scores could overflow.
+    const std::int64_t n = p.variants.alibi_stride_b == 0 ? p.Hq : p.B * p.Hq;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (std::fabs(p.variants.alibi[i]) * static_cast<double>(p.L + p.S) > 1e30) {
+        return Impl::reference;
+      }
+    }
+  }
   if (requested != Impl::reference && p.dtype == DType::float32 &&
       detail::float32_may_overflow(p, grad_out)) {
     return Impl::reference;
@@ -221,7 +242,8 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
       detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
   const Impl impl = effective_impl(p, options.impl, nullptr);
   // The fused and naive kernels read and write every operand through its strides.
-  if ((impl == Impl::fast && !detail::decode_applies(p)) ||
+  // Decode-sized queries go to the decode kernel, which serves plain attention only.
+  if ((impl == Impl::fast && (!detail::decode_applies(p) || p.variants.any())) ||
       (impl == Impl::naive && detail::naive_reads_in_place(p))) {
     const detail::ContiguousOutput o(out, "out", Copy::unless_flat, lead);
     std::optional<detail::ContiguousOutput> l;
@@ -268,7 +290,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
                         const TensorRef* mask, const TensorRef& out, const TensorRef& lse,
                         const TensorRef& grad_out, const AttentionOptions& options,
                         const MutableTensorRef& grad_query, const MutableTensorRef& grad_key,
-                        const MutableTensorRef& grad_value) {
+                        const MutableTensorRef& grad_value, const MutableTensorRef* grad_sinks) {
   const detail::Problem checked = detail::resolve_problem(query, key, value, mask, options);
   std::vector<std::int64_t> out_shape = query.shape;
   out_shape.back() = checked.Ev;
@@ -288,13 +310,32 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   detail::check_strides(grad_query, "grad_query", true);
   detail::check_strides(grad_key, "grad_key", true);
   detail::check_strides(grad_value, "grad_value", true);
+  if (grad_sinks != nullptr) {
+    if (checked.variants.sinks == nullptr) {
+      throw Error(ErrorKind::bad_value, "grad_sinks",
+                  "expected only with sinks in the options, got no sinks");
+    }
+    detail::check_tensor(*grad_sinks, checked.dtype, {checked.Hq}, "grad_sinks");
+    detail::check_strides(*grad_sinks, "grad_sinks", true);
+  }
   // Nothing to write (see attention_forward).
-  if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0) return;
+  if (grad_query.numel() == 0 && grad_key.numel() == 0 && grad_value.numel() == 0 &&
+      (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
+    return;
+  }
   if (detail::needs_half_path(query, key, value, mask, false)) {
+    if (grad_sinks != nullptr) {
+      throw Error(ErrorKind::bad_type, "grad_sinks",
+                  "expected float32 or float64 inputs, got a half-precision query, key or value");
+    }
     detail::half_backward(query, key, value, mask, out, lse, grad_out, options, grad_query,
                           grad_key, grad_value);
     return;
   }
+  // The sinks' gradient (Hq values), written by every implementation into a C-order buffer.
+  std::optional<detail::ContiguousOutput> ds;
+  if (grad_sinks != nullptr) ds.emplace(*grad_sinks, "grad_sinks");
+  void* ds_data = ds ? ds->data() : nullptr;
   const std::size_t lead = checked.lead;
   const KernelInputs in(query, key, value, mask, lead);
   const detail::ContiguousInput o(out, "out", Copy::unless_flat, lead),
@@ -312,7 +353,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
           dv(grad_value, "grad_value", Copy::unless_flat, lead);
       detail::bind_backward(p, o.ref(), l.ref(), g.ref(), dq.ref(), dk.ref(), dv.ref());
       if (impl == Impl::fast) {
-        detail::fast_backward(p);
+        detail::fast_backward(p, ds_data);
       } else {
         check_naive_scratch(p, 2);
         detail::naive_backward(p);
@@ -320,6 +361,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       dq.finish();
       dk.finish();
       dv.finish();
+      if (ds) ds->finish();
       return;
     }
     // The float64 reference and naive on overlapping rows read C order.
@@ -329,7 +371,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
     const detail::ContiguousOutput dq(grad_query, "grad_query"), dk(grad_key, "grad_key"),
         dv(grad_value, "grad_value");
     if (impl == Impl::reference) {
-      detail::reference_backward(pc, gc.ref().data, dq.data(), dk.data(), dv.data());
+      detail::reference_backward(pc, gc.ref().data, dq.data(), dk.data(), dv.data(), {}, ds_data);
     } else {
       detail::bind_backward(pc, oc.ref(), lc.ref(), gc.ref(), dq.ref(), dk.ref(), dv.ref());
       check_naive_scratch(pc, 2);
@@ -338,6 +380,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
     dq.finish();
     dk.finish();
     dv.finish();
+    if (ds) ds->finish();
   }
 }
 

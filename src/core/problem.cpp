@@ -280,6 +280,7 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
       p.mask.batch_offset[static_cast<std::size_t>(b)] = off;
     }
   }
+  resolve_variants(p, options);
   return p;
 }
 

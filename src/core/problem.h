@@ -15,6 +15,7 @@
 // The mask keeps its own broadcast strides (0 along broadcast dimensions).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -22,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/variants.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
@@ -130,6 +132,7 @@ struct Problem {
   int threads = 1;               // resolved, >= 1
   std::size_t lead = 0;          // leading batch dimensions of every operand (flattened into B)
   MaskView mask;
+  Variants variants;  // window, softcap, ALiBi, sinks, dropout (core/variants.h)
 
   // The inputs' data pointers, read as C order by the float64 reference and the decode
   // adapter (see the top of this file). = q.data, k.data, v.data.
@@ -160,11 +163,25 @@ struct Problem {
     }
     return S - 1;
   }
+
+  /// The keys that the causal rule and the window let query l see, clamped to first in
+  /// [0, S] and last in [-1, S - 1] (first > last: none). Mask values come on top.
+  KeyRange key_range(std::int64_t l) const {
+    const std::int64_t d = S - L;
+    std::int64_t first = 0, last = std::min(S - 1, last_causal_key(l));
+    if (variants.window_left >= 0) first = std::max<std::int64_t>(0, l + d - variants.window_left);
+    if (variants.window_right >= 0) last = std::min(last, l + d + variants.window_right);
+    return {std::min(first, S), std::max<std::int64_t>(last, -1)};
+  }
 };
 
 /// Validates query/key/value/mask and the options, and fills a Problem (data pointers included).
 Problem resolve_problem(const TensorRef& query, const TensorRef& key, const TensorRef& value,
                         const TensorRef* mask, const AttentionOptions& options);
+
+/// Validates the options' variants (window, softcap, ALiBi slopes, sinks, dropout) against the
+/// resolved shape and fills p.variants (pointing into `options`). Called by resolve_problem.
+void resolve_variants(Problem& p, const AttentionOptions& options);
 
 /// Sets p.out and p.lse (lse may be null) from the caller's output tensors, whose leading
 /// dimensions must flatten (make_view); throws sdpa::Error naming the tensor otherwise.

@@ -23,6 +23,18 @@
 //   Results are bit-identical for any thread count: every output element is written by one
 //   work item, whose order of summation does not depend on the thread that runs it.
 //
+// Variants (core/variants.h; FlashAttention's semantics), in both passes: the sliding window
+// narrows each query tile's key tiles to [first, last] (flash::key_tiles) and each key tile's
+// query tiles (flash::query_tiles), so tiles outside it are never visited, and its edges are
+// masked by mask_row like the causal diagonal; softcap and ALiBi transform each row of scores
+// before the mask (variants-inl.h; the backward keeps tanh for the softcap's derivative
+// 1 - tanh^2 on dS); a sink joins each row's max and sum when the row is normalised (AddSink),
+// so lse includes it and the backward's P = exp(S - lse) needs nothing more; its gradient is
+// -sum_rows exp(sink - lse) D. Dropout multiplies P by the Philox mask of core/variants.h after
+// the running sum is formed (forward), and dP and the P of dV by the same mask (backward): the
+// mask is regenerated from (seed, batch, head, i, j) in every pass, never stored, so it is the
+// same for any tiling and thread count.
+//
 // Algorithm: FlashAttention-2 (Tri Dao, "FlashAttention-2: Faster Attention with Better
 // Parallelism and Work Partitioning", 2023; Algorithm 1 forward, Algorithm 2 backward), with
 // the online softmax of Milakov & Gimelshein (2018). Glossary: B, Hq, Hkv, L, S, E, Ev as in
@@ -31,10 +43,11 @@
 // Forward. Work item = (batch, kv head, query tile of Br rows); the item runs the tile of every
 // query head of the GQA group against each K/V tile in turn, so a K/V tile is read once per
 // group. Per key tile: S = (scale Q) K^T (micro-kernel, scores vectorised along the keys, K
-// pre-transposed), mask pass (only tiles straddling the causal diagonal, the short last tile,
-// or with a user mask), online softmax per row (running max from -inf, running sum, rescale of
-// the accumulator only when the max moved), acc += P V (micro-kernel, vectorised along Ev).
-// Causal tiles above the diagonal of the tile's last row are never visited, in both alignments.
+// pre-transposed), softcap and ALiBi when asked, mask pass (only tiles straddling the causal
+// diagonal or a window edge, the short last tile, or with a user mask), online softmax per row
+// (running max from -inf, running sum, rescale of the accumulator only when the max moved),
+// acc += P V (micro-kernel, vectorised along Ev). Causal tiles above the diagonal of the tile's
+// last row, and tiles outside the window, are never visited, in both alignments.
 // Items are scheduled dynamically (causal items differ in cost).
 //
 // Backward. Recompute P = exp(S - lse) from the saved lse; D = rowsum(dO * O) once per row,
@@ -108,6 +121,7 @@
 // Must come after foreach_target.h.
 #include "hwy/highway.h"
 #include "kernels/gemm-inl.h"
+#include "kernels/variants-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
@@ -350,6 +364,29 @@ HWY_INLINE T OnlineSoftmaxRow(T* HWY_RESTRICT srow, T& m, T& l) {
   return m_old == kNegInf<T> ? T(1) : alpha;
 }
 
+// A sink joins a row's denominator: with the row's running max m and sum l, the new max is
+// M = max(m, sink) and the sum l exp(m - M) + exp(sink - M); the accumulator (summed under
+// exp(. - m)) is then normalised by inv = exp(m - M) / l'. On return m = M, l = l', so that
+// lse = m + log(l). NaN rows stay NaN.
+template <typename T>
+HWY_INLINE void AddSink(T sink, T& m, T& l, T& inv) {
+  if (std::isnan(m)) return;
+  const T top = std::max(m, sink);
+  const T a = std::exp(m - top);
+  l = l * a + std::exp(sink - top);
+  inv = a / l;
+  m = top;
+}
+
+/// P[c] *= z[c] / (1 - p) for keys s0 + c < s0 + kc of query row l (z from Philox, see
+/// core/variants.h); `factor` is scratch of kKeyTile.
+template <typename T>
+void DropoutRow(const Problem& p, int64_t b, int64_t h, int64_t l, int64_t s0, int64_t kc,
+                T* HWY_RESTRICT row, T* HWY_RESTRICT factor) {
+  dropout_row(p.variants, b, h, l, s0, kc, factor);
+  for (int64_t c = 0; c < kc; ++c) row[c] *= factor[c];
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 template <typename T>
@@ -368,6 +405,7 @@ struct ForwardScratch {
   T* acc;   // [group][kQueryTile][ldv]: unnormalised output
   T* rmax;  // [group][kQueryTile]: running max of the scores (m in FlashAttention-2)
   T* rsum;  // [group][kQueryTile]: running sum of exp(score - m) (l in FlashAttention-2)
+  T* drop;  // [kKeyTile]: one row's dropout factors
 
   static size_t Carve(Carver& c, const Problem& p, int64_t ldv, ForwardScratch* out) {
     const auto g = static_cast<size_t>(p.group);
@@ -377,6 +415,7 @@ struct ForwardScratch {
     w.acc = c.take<T>(g * kQueryTile * static_cast<size_t>(ldv));
     w.rmax = c.take<T>(g * kQueryTile);
     w.rsum = c.take<T>(g * kQueryTile);
+    w.drop = c.take<T>(kKeyTile);
     if (out != nullptr) *out = w;
     return c.used();
   }
@@ -404,9 +443,9 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
   const int64_t G = p.group, E = p.E, Ev = p.Ev, ldv = sh.ldv, S = p.S;
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t bh = b * p.Hkv + hkv;
-  // Causal: keys past the last row's diagonal are invisible to the whole tile; skip their tiles.
-  const int64_t last_key = std::min(S - 1, p.last_causal_key(l0 + rows - 1));
-  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  // Causal and window: key tiles outside the reach of every row of the tile are never visited.
+  const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
+  const Variants& var = p.variants;
   const T scale = static_cast<T>(p.scale);
 
   for (int64_t g = 0; g < G; ++g) {
@@ -417,12 +456,11 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
     std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, T(0));
   }
 
-  for (int64_t j = 0; j < tiles; ++j) {
+  for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0);
-    // Only tiles that straddle the diagonal, the last (short) tile, or a user mask need the
-    // per-element masking pass.
-    const bool masked = p.mask.present || kc < kKeyTile ||
-                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    // Only tiles that straddle the diagonal or a window edge, the last (short) tile, or a user
+    // mask need the per-element masking pass.
+    const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
     const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
     const T* v = sh.v.row(b, hkv, s0);
     const int64_t v_ld = sh.v.sl;
@@ -437,9 +475,14 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
       // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
       for (int64_t r = 0; r < rows; ++r) {
         T* srow = w.s + r * kKeyTile;
+        if (var.transforms_scores()) {
+          TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+        }
         if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
         const T alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
         if (alpha != T(1)) ScaleRow(acc + r * ldv, ldv, alpha);
+        // Dropout acts on P V only: the running sum l above is the softmax's own.
+        if (var.dropout()) DropoutRow(p, b, h, l0 + r, s0, kc, srow, w.drop);
       }
       // pass 3: acc += P V
       AccumulatePV(rows, ldv, kc, w.s, v, v_ld, v_unsafe, acc);
@@ -449,17 +492,19 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
   const bool want_lse = p.lse.data != nullptr;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
+    const T sink = var.sinks != nullptr ? static_cast<T>(var.sinks[h]) : kNegInf<T>;
     for (int64_t r = 0; r < rows; ++r) {
       const T* acc = w.acc + (g * kQueryTile + r) * ldv;
-      const T l = w.rsum[g * kQueryTile + r];
-      if (l == T(0)) {  // no visible key: out = 0, lse = -inf
+      T l = w.rsum[g * kQueryTile + r], m = w.rmax[g * kQueryTile + r];
+      if (l == T(0)) {  // no visible key: out = 0, lse = -inf (the sink's logit with one)
         StoreRow(p.out, b, h, l0 + r, acc, Ev, T(0));
-        if (want_lse) *p.lse.row<T>(b, h, l0 + r) = kNegInf<T>;
+        if (want_lse) *p.lse.row<T>(b, h, l0 + r) = sink;
         continue;
       }
-      const T inv = T(1) / l;
+      T inv = T(1) / l;
+      if (var.sinks != nullptr) AddSink(sink, m, l, inv);
       StoreRow(p.out, b, h, l0 + r, acc, Ev, inv);
-      if (want_lse) *p.lse.row<T>(b, h, l0 + r) = w.rmax[g * kQueryTile + r] + std::log(l);
+      if (want_lse) *p.lse.row<T>(b, h, l0 + r) = m + std::log(l);
     }
   }
 }
@@ -804,6 +849,8 @@ struct BackwardScratch {
   T* dk_acc;  // [kKeyTile][ldq]
   T* dv_acc;  // [kKeyTile][ldo]
   T* dq_acc;  // [kQueryTile][ldq]
+  T* tanh;    // [kQueryTile][kKeyTile]: tanh(x / cap) of the softcapped scores
+  T* drop;    // [kKeyTile]: one row's dropout factors
 
   T* dq_head;  // [group][L][ldq]: dQ of one kv head's query heads (one-pass plan, one chunk)
 
@@ -815,6 +862,8 @@ struct BackwardScratch {
     w.dk_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldq));
     w.dv_acc = c.take<T>(static_cast<size_t>(kKeyTile * ldo));
     w.dq_acc = c.take<T>(static_cast<size_t>(kQueryTile * ldq));
+    w.tanh = c.take<T>(kQueryTile * kKeyTile);
+    w.drop = c.take<T>(kKeyTile);
     w.dq_head = c.take<T>(static_cast<size_t>(dq_head_rows * ldq));
     if (out != nullptr) *out = w;
     return c.used();
@@ -832,8 +881,9 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
                           int64_t rows, int64_t bh, int64_t j) {
   const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
   const int64_t row0 = (b * p.Hq + h) * p.L + l0;
-  const bool masked = p.mask.present || kc < kKeyTile ||
-                      (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+  const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
+  const Variants& var = p.variants;
+  const bool softcap = var.softcap > 0.0;
   const int64_t tile = bh * sh.nkt + j;
   if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
     Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
@@ -845,6 +895,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     if (shift == kNegInf<T>) {  // fully masked row: no gradient flows through it
       std::fill_n(prow, kKeyTile, T(0));
       continue;
+    }
+    if (var.transforms_scores()) {
+      TransformScoresRow(p, b, h, l0 + r, s0, prow, kKeyTile,
+                         softcap ? w.tanh + r * kKeyTile : static_cast<T*>(nullptr));
     }
     if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, prow);
     if (std::isnan(shift)) {  // a NaN row: NaN at every visible key, as the forward's out
@@ -862,7 +916,24 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
                 sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    SoftmaxGradRow(w.p + r * kKeyTile, w.ds + r * kKeyTile, kKeyTile, sh.D[row0 + r]);
+    T* prow = w.p + r * kKeyTile;
+    T* dsrow = w.ds + r * kKeyTile;
+    if (var.dropout()) {
+      // out = (P z) V: dP = z (dO V^T), dS = P (dP - D), and dV takes P z, in place of P.
+      DropoutRow(p, b, h, l0 + r, s0, kc, dsrow, w.drop);
+      SoftmaxGradRow(prow, dsrow, kKeyTile, sh.D[row0 + r]);
+      DropoutRow(p, b, h, l0 + r, s0, kc, prow, w.drop);
+    } else {
+      SoftmaxGradRow(prow, dsrow, kKeyTile, sh.D[row0 + r]);
+    }
+    if (softcap && sh.shift[row0 + r] != kNegInf<T>) {
+      // Through the softcap: d(c tanh(x / c)) / dx = 1 - tanh^2 (skipped where dS is 0: a
+      // masked key's tanh may be of a NaN stored there).
+      const T* t = w.tanh + r * kKeyTile;
+      for (int64_t c = 0; c < kc; ++c) {
+        if (dsrow[c] != T(0)) dsrow[c] *= T(1) - t[c] * t[c];
+      }
+    }
   }
 }
 
@@ -876,25 +947,27 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
                           T* shift, T* inv_sum) {
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t bh = b * p.Hkv + h / p.group, row0 = (b * p.Hq + h) * p.L + l0;
-  const int64_t last_key = std::min(p.S - 1, p.last_causal_key(l0 + rows - 1));
-  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
   T m[kQueryTile], l[kQueryTile];
   std::fill_n(m, rows, kNegInf<T>);
   std::fill_n(l, rows, T(0));
-  for (int64_t j = 0; j < tiles; ++j) {
+  for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
-    const bool masked = p.mask.present || kc < kKeyTile ||
-                        (p.causal != Causal::none && s0 + kc - 1 > p.last_causal_key(l0));
+    const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
     if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
       Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
                   sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* srow = w.p + r * kKeyTile;
+      if (p.variants.transforms_scores()) {
+        TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+      }
       if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
       OnlineSoftmaxRow(srow, m[r], l[r]);
     }
   }
+  const bool sinks = p.variants.sinks != nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     const T row_lse = *p.fwd_lse.row<T>(b, h, l0 + r);
     if (row_lse == kNegInf<T> || LseNormalises(row_lse)) continue;
@@ -903,6 +976,8 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
       std::fill_n(qs + (row0 + r) * sh.ldq, sh.ldq, T(0));
       continue;
     }
+    T inv = T(1) / l[r];
+    if (sinks) AddSink(static_cast<T>(p.variants.sinks[h]), m[r], l[r], inv);
     shift[row0 + r] = m[r];
     inv_sum[row0 + r] = T(1) / l[r];
   }
@@ -930,10 +1005,10 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
   std::fill_n(w.dk_acc, kc * ldq, T(0));
   std::fill_n(w.dv_acc, kc * ldo, T(0));
-  const int64_t first_row = flash::first_query_seeing(p, s0);
+  const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
-    for (int64_t i = first_row / kQueryTile; i < sh.nqt && first_row < p.L; ++i) {
+    for (int64_t i = qtiles.begin; i < qtiles.end; ++i) {
       const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
       const int64_t row0 = (b * p.Hq + h) * p.L + l0;
       ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
@@ -951,10 +1026,9 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
                        int64_t b, int64_t h, int64_t i) {
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t hkv = h / p.group, bh = b * p.Hkv + hkv, ldq = sh.ldq;
-  const int64_t last_key = std::min(p.S - 1, p.last_causal_key(l0 + rows - 1));
-  const int64_t tiles = last_key < 0 ? 0 : last_key / kKeyTile + 1;
+  const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
   std::fill_n(w.dq_acc, rows * ldq, T(0));
-  for (int64_t j = 0; j < tiles; ++j) {
+  for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
     const T* k = sh.k.row(b, hkv, s0);
@@ -986,13 +1060,13 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     std::fill_n(w.dk_acc, kc * ldq, T(0));
     std::fill_n(w.dv_acc, kc * ldo, T(0));
-    const int64_t first_row = flash::first_query_seeing(p, s0);
+    const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
     const T* k = sh.k.row(b, hkv, s0);
     const int64_t k_ld = sh.k.sl;
     const bool k_unsafe = sh.k_unsafe[bh * sh.nkt + j] != 0;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hkv * G + g;
-      for (int64_t i = first_row / kQueryTile; i < sh.nqt && first_row < L; ++i) {
+      for (int64_t i = qtiles.begin; i < qtiles.end; ++i) {
         const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
         const int64_t row0 = (b * p.Hq + h) * L + l0;
         ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
@@ -1086,7 +1160,7 @@ void PackInputRowPairs(const T* row, int64_t width, uint32_t* dst) {
 }
 
 template <typename T>
-void BackwardT(const Problem& p) {
+void BackwardT(const Problem& p, T* dsinks) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
   const int64_t nkt = ceil_div(S, kKeyTile), nqt = ceil_div(L, kQueryTile);
   const int64_t ldq = round_up(E, kPad<T>), ldo = round_up(Ev, kPad<T>);
@@ -1282,14 +1356,34 @@ void BackwardT(const Problem& p) {
     }
   }
   if (err.failed) throw std::bad_alloc();
+  if (dsinks != nullptr && p.variants.sinks != nullptr) {
+    // d loss / d sink = -sum over rows of p_sink * D, p_sink = exp(sink - shift) * inv_sum (the
+    // sink is a key whose value is 0), summed in float64 in row order.
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const double sink = p.variants.sinks[h];
+      double sum = 0.0;
+      for (int64_t b = 0; b < p.B; ++b) {
+        const int64_t row0 = (b * p.Hq + h) * L;
+        for (int64_t row = row0; row < row0 + L; ++row) {
+          if (D[row] == T(0)) continue;  // also every row that sees no key
+          sum -= std::exp(sink - double(shift[row])) * double(inv_sum[row]) * double(D[row]);
+        }
+      }
+      dsinks[h] = static_cast<T>(sum);
+    }
+  }
 }
 
 // ---- exported per-target entry points ---------------------------------------------------------
 
 void ForwardFloat(const Problem& p) { ForwardT<float>(p); }
 void ForwardDouble(const Problem& p) { ForwardT<double>(p); }
-void BackwardFloat(const Problem& p) { BackwardT<float>(p); }
-void BackwardDouble(const Problem& p) { BackwardT<double>(p); }
+void BackwardFloat(const Problem& p, void* dsinks) {
+  BackwardT<float>(p, static_cast<float*>(dsinks));
+}
+void BackwardDouble(const Problem& p, void* dsinks) {
+  BackwardT<double>(p, static_cast<double*>(dsinks));
+}
 const char* TargetNameOfKernel() { return hwy::TargetName(HWY_TARGET); }
 void ExpForTest(const float* x, float* y, size_t n) {
   const hn::ScalableTag<float> d;
@@ -1313,8 +1407,9 @@ HWY_EXPORT(ExpForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
 bool fast_forward_reads_bfloat16(const Problem& p) {
+  // The vdpbf16ps forward computes plain attention: with variants, the float32 kernel serves.
   return p.q.dtype == DType::bfloat16 && p.k.dtype == DType::bfloat16 &&
-         p.v.dtype == DType::bfloat16 && bf16::native();
+         p.v.dtype == DType::bfloat16 && bf16::native() && !p.variants.any();
 }
 
 void fast_forward(const Problem& p) {
@@ -1329,11 +1424,11 @@ void fast_forward(const Problem& p) {
   }
 }
 
-void fast_backward(const Problem& p) {
+void fast_backward(const Problem& p, void* dsinks) {
   if (p.dtype == DType::float64) {
-    HWY_DYNAMIC_DISPATCH(BackwardDouble)(p);
+    HWY_DYNAMIC_DISPATCH(BackwardDouble)(p, dsinks);
   } else {
-    HWY_DYNAMIC_DISPATCH(BackwardFloat)(p);
+    HWY_DYNAMIC_DISPATCH(BackwardFloat)(p, dsinks);
   }
 }
 

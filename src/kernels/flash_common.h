@@ -35,17 +35,60 @@ inline constexpr std::int64_t kPad = 64 / sizeof(T);
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 inline std::int64_t round_up(std::int64_t a, std::int64_t b) { return ceil_div(a, b) * b; }
 
-/// The first query row that the causal rule lets see key s (0 without causal); may be >= L.
+/// The first query row that the causal rule and the window let see key s (0 without either);
+/// may be >= L. key_range(l).last is non-decreasing in l, so every later row sees s too, up
+/// to last_query_seeing(s).
 inline std::int64_t first_query_seeing(const Problem& p, std::int64_t s) {
+  const std::int64_t d = p.S - p.L;
+  std::int64_t first = 0;
   switch (p.causal) {
     case Causal::upper_left:
-      return std::max<std::int64_t>(0, s);
+      first = s;
+      break;
     case Causal::lower_right:
-      return std::max<std::int64_t>(0, s - (p.S - p.L));
+      first = s - d;
+      break;
     case Causal::none:
       break;
   }
-  return 0;
+  if (p.variants.window_right >= 0) first = std::max(first, s - d - p.variants.window_right);
+  return std::max<std::int64_t>(0, first);
+}
+
+/// The last query row whose window reaches back to key s (L - 1 without a left bound); may be
+/// negative.
+inline std::int64_t last_query_seeing(const Problem& p, std::int64_t s) {
+  if (p.variants.window_left < 0) return p.L - 1;
+  return std::min(p.L - 1, s - (p.S - p.L) + p.variants.window_left);
+}
+
+/// The key tiles [begin, end) that query rows l0 .. l0 + rows - 1 can see: tiles outside the
+/// causal rule's and the window's reach are never visited, in either pass.
+struct TileSpan {
+  std::int64_t begin = 0, end = 0;
+};
+inline TileSpan key_tiles(const Problem& p, std::int64_t l0, std::int64_t rows,
+                          std::int64_t key_tile) {
+  const std::int64_t first = p.key_range(l0).first, last = p.key_range(l0 + rows - 1).last;
+  if (last < first) return {0, 0};
+  return {first / key_tile, last / key_tile + 1};
+}
+
+/// The query tiles [begin, end) that can see some key of s0 .. s0 + kc - 1.
+inline TileSpan query_tiles(const Problem& p, std::int64_t s0, std::int64_t kc,
+                            std::int64_t query_tile) {
+  const std::int64_t first = first_query_seeing(p, s0);
+  const std::int64_t last = last_query_seeing(p, s0 + kc - 1);
+  if (first >= p.L || last < first) return {0, 0};
+  return {first / query_tile, last / query_tile + 1};
+}
+
+/// Whether rows l0 .. l0 + rows - 1 against keys s0 .. s0 + kc - 1 (of a tile of width
+/// key_tile) need mask_row: a user mask, a short tile, or a causal or window edge inside it.
+inline bool tile_needs_mask(const Problem& p, std::int64_t l0, std::int64_t rows, std::int64_t s0,
+                            std::int64_t kc, std::int64_t key_tile) {
+  if (p.mask.present || kc < key_tile) return true;
+  return p.key_range(l0 + rows - 1).first > s0 || p.key_range(l0).last < s0 + kc - 1;
 }
 
 /// row[c] += mk[c * stride] for c < n, with the rules for -inf, +inf and values below T's
@@ -67,9 +110,9 @@ void add_additive_mask(const M* mk, std::int64_t stride, std::int64_t n, T* row)
   }
 }
 
-/// Applies the causal rule, the key-tile tail and the user's mask to one row of scaled scores
-/// row[0..width) for query l and keys s0 + c: an invisible key gets -inf (overwriting whatever
-/// q.k gave, so a NaN stored in a masked-out key never survives); a visible key gets the
+/// Applies the causal rule, the window, the key-tile tail and the user's mask to one row of scaled
+/// scores row[0..width) for query l and keys s0 + c: an invisible key gets -inf (overwriting
+/// whatever q.k gave, so a NaN stored in a masked-out key never survives); a visible key gets the
 /// additive mask added. Columns c >= kc (past the end of the keys) are invisible.
 /// Two mask values need care, so that the result is the reference's:
 ///   - +inf makes the score NaN, as the softmax of a row holding +inf is (inf - inf), whatever
@@ -83,24 +126,28 @@ template <class T>
 void mask_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t s0,
               std::int64_t kc, std::int64_t width, T* row) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const std::int64_t visible = std::clamp<std::int64_t>(p.last_causal_key(l) - s0 + 1, 0, kc);
-  for (std::int64_t c = visible; c < width; ++c) row[c] = kNegInf;
-  if (!p.mask.present || visible == 0) return;
+  const KeyRange range = p.key_range(l);
+  const std::int64_t lo = std::clamp<std::int64_t>(range.first - s0, 0, kc);
+  const std::int64_t hi = std::clamp<std::int64_t>(range.last - s0 + 1, lo, kc);
+  for (std::int64_t c = 0; c < lo; ++c) row[c] = kNegInf;
+  for (std::int64_t c = hi; c < width; ++c) row[c] = kNegInf;
+  if (!p.mask.present || hi == lo) return;
   const MaskView& m = p.mask;
-  const std::int64_t base = m.offset(b, h, l, s0), st = m.stride_s;
+  const std::int64_t base = m.offset(b, h, l, s0 + lo), st = m.stride_s;
+  T* vis = row + lo;
   switch (m.dtype) {
     case DType::boolean: {
       const std::uint8_t* mk = static_cast<const std::uint8_t*>(m.data) + base;
-      for (std::int64_t c = 0; c < visible; ++c) {
-        if (mk[c * st] == 0) row[c] = kNegInf;
+      for (std::int64_t c = 0; c < hi - lo; ++c) {
+        if (mk[c * st] == 0) vis[c] = kNegInf;
       }
       break;
     }
     case DType::float32:
-      add_additive_mask(static_cast<const float*>(m.data) + base, st, visible, row);
+      add_additive_mask(static_cast<const float*>(m.data) + base, st, hi - lo, vis);
       break;
     case DType::float64:
-      add_additive_mask(static_cast<const double*>(m.data) + base, st, visible, row);
+      add_additive_mask(static_cast<const double*>(m.data) + base, st, hi - lo, vis);
       break;
     case DType::float16:  // refused for masks by resolve_problem
     case DType::bfloat16:

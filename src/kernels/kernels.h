@@ -15,7 +15,8 @@ void fast_forward(const Problem& p);
 /// has AVX512_BF16: the vdpbf16ps forward of flash.cpp), writing p.out as bfloat16 and p.lse as
 /// float32; other half-precision problems need float32 copies.
 bool fast_forward_reads_bfloat16(const Problem& p);
-void fast_backward(const Problem& p);
+/// dsinks [Hq] (nullable, only with sinks): d loss / d sink.
+void fast_backward(const Problem& p, void* dsinks = nullptr);
 
 /// True when an intermediate of a float32 problem (scores plus mask, the forward's accumulator,
 /// and with grad_out given the backward's dP, dS and gradients) might pass float32's range; the

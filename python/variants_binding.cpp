@@ -1,0 +1,292 @@
+// The attention variants for Python: the keywords window_size, softcap, alibi_slopes, sinks,
+// dropout_p and seed of sdpa.scaled_dot_product_attention, attention_forward and
+// attention_backward (apply_variant_keywords, called by sdpa_python.cpp and torch_bindings.cpp),
+// and sdpa.attention_varlen / attention_varlen_backward, with the signature of FlashAttention's
+// flash_attn_varlen_func (include/sdpa/varlen.h).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sdpa/sdpa.h"
+#include "sdpa/varlen.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+std::string text_of(const py::handle& obj) { return py::str(obj).cast<std::string>(); }
+std::string type_of(const py::handle& obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
+}
+
+bool is_int(const py::handle& obj) {
+  return py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj);
+}
+
+double as_number(const py::handle& obj, const char* what) {
+  if (py::isinstance<py::bool_>(obj) ||
+      !(py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj) ||
+        py::hasattr(obj, "__float__"))) {
+    throw sdpa::Error(
+        sdpa::ErrorKind::bad_type, what,
+        "expected a real number, got " + text_of(py::repr(obj)) + " (" + type_of(obj) + ")");
+  }
+  return obj.cast<double>();
+}
+
+// A 1-d list of floats from any array-like (NumPy array, list, torch tensor on the CPU).
+std::vector<double> as_values(const py::handle& obj, const char* what) {
+  const py::module_ np = py::module_::import("numpy");
+  py::array a;
+  try {
+    a = np.attr("asarray")(obj, "dtype"_a = "float64");
+  } catch (const py::error_already_set&) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
+                      "expected an array of floats, got " + type_of(obj));
+  }
+  a = np.attr("ascontiguousarray")(a.attr("reshape")(-1));
+  const auto* d = static_cast<const double*>(a.data());
+  return std::vector<double>(d, d + a.size());
+}
+
+}  // namespace
+
+/// Applies the variant keywords of `kwargs` to `o`; any other keyword raises TypeError (as a
+/// Python function given an unexpected keyword does). Throws sdpa::Error for bad values.
+void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs) {
+  for (const auto& [key_obj, value] : kwargs) {
+    const std::string key = text_of(key_obj);
+    if (key == "window_size") {
+      if (value.is_none()) continue;
+      py::sequence seq;
+      if (!py::isinstance<py::sequence>(value) || py::isinstance<py::str>(value) ||
+          py::len(value) != 2) {
+        throw sdpa::Error(
+            sdpa::ErrorKind::bad_type, "window_size",
+            "expected a pair (left, right) of ints (-1 = unbounded), got " + text_of(value));
+      }
+      seq = py::reinterpret_borrow<py::sequence>(value);
+      for (int i = 0; i < 2; ++i) {
+        if (!is_int(seq[i])) {
+          throw sdpa::Error(sdpa::ErrorKind::bad_type, "window_size",
+                            "expected a pair (left, right) of ints, got " + text_of(value));
+        }
+      }
+      o.window_left = seq[0].cast<std::int64_t>();
+      o.window_right = seq[1].cast<std::int64_t>();
+      if (o.window_left < -1 || o.window_right < -1) {
+        throw sdpa::Error(
+            sdpa::ErrorKind::bad_value, "window_size",
+            "expected -1 (unbounded) or a number of keys >= 0 on each side, got " + text_of(value));
+      }
+    } else if (key == "softcap") {
+      o.softcap = value.is_none() ? 0.0 : as_number(value, "softcap");
+    } else if (key == "alibi_slopes") {
+      if (!value.is_none()) o.alibi_slopes = as_values(value, "alibi_slopes");
+    } else if (key == "sinks") {
+      if (!value.is_none()) o.sinks = as_values(value, "sinks");
+    } else if (key == "dropout_p") {
+      o.dropout_p = as_number(value, "dropout_p");
+    } else if (key == "seed") {
+      if (!is_int(value) || value.cast<py::int_>() < py::int_(0)) {
+        throw sdpa::Error(sdpa::ErrorKind::bad_value, "seed",
+                          "expected an int in [0, 2^64-1], got " + text_of(value));
+      }
+      o.seed = value.cast<std::uint64_t>();
+    } else {
+      throw py::type_error("got an unexpected keyword argument '" + key + "'");
+    }
+  }
+}
+
+namespace {
+
+struct Floating {
+  py::array array;
+  sdpa::TensorRef ref;
+};
+
+std::vector<std::int64_t> shape_of(const py::array& a) {
+  return std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+Floating floating(const py::handle& obj, const char* what) {
+  const py::module_ np = py::module_::import("numpy");
+  py::array a = np.attr("asarray")(obj);
+  const py::dtype dt = a.dtype();
+  sdpa::DType d;
+  if (dt.kind() == 'f' && dt.itemsize() == 4) {
+    d = sdpa::DType::float32;
+  } else if (dt.kind() == 'f' && dt.itemsize() == 8) {
+    d = sdpa::DType::float64;
+  } else {
+    throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
+                      "expected dtype float32 or float64, got " + text_of(dt));
+  }
+  a = np.attr("ascontiguousarray")(a);
+  return {a, sdpa::TensorRef{a.data(), d, shape_of(a)}};
+}
+
+std::vector<std::int64_t> offsets(const py::handle& obj, const char* what) {
+  const py::module_ np = py::module_::import("numpy");
+  py::array a = np.attr("asarray")(obj);
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u') {
+    throw sdpa::Error(
+        sdpa::ErrorKind::bad_type, what,
+        "expected an integer array of B + 1 offsets, got dtype " + text_of(a.dtype()));
+  }
+  if (a.ndim() != 1) {
+    throw sdpa::Error(
+        sdpa::ErrorKind::bad_shape, what,
+        "expected a 1-d array of B + 1 offsets, got " + std::to_string(a.ndim()) + " dimensions");
+  }
+  a = np.attr("ascontiguousarray")(a, "dtype"_a = "int64");
+  const auto* p = static_cast<const std::int64_t*>(a.data());
+  return std::vector<std::int64_t>(p, p + a.size());
+}
+
+py::array new_array(sdpa::DType d, const std::vector<std::int64_t>& shape) {
+  return d == sdpa::DType::float64 ? py::array(py::dtype::of<double>(), shape)
+                                   : py::array(py::dtype::of<float>(), shape);
+}
+
+sdpa::MutableTensorRef mut(py::array& a, sdpa::DType d) {
+  return sdpa::MutableTensorRef{a.mutable_data(), d, shape_of(a)};
+}
+
+// The options of a varlen call. causal: FlashAttention's bool (True = bottom-right aligned) or
+// one of the names of sdpa.h; grouped-query attention is implied (Hq a multiple of Hkv).
+sdpa::AttentionOptions varlen_options(const py::object& scale, const py::object& causal,
+                                      const py::object& impl, const py::object& threads,
+                                      const py::kwargs& kwargs) {
+  sdpa::AttentionOptions o;
+  if (!scale.is_none()) o.scale = as_number(scale, "softmax_scale");
+  if (py::isinstance<py::bool_>(causal)) {
+    o.causal = causal.cast<bool>() ? sdpa::Causal::lower_right : sdpa::Causal::none;
+  } else if (py::isinstance<py::str>(causal)) {
+    o.causal = sdpa::parse_causal(causal.cast<std::string>());
+  } else {
+    throw sdpa::Error(
+        sdpa::ErrorKind::bad_type, "causal",
+        "expected a bool or 'none', 'upper-left', 'lower-right', got " + text_of(causal));
+  }
+  o.enable_gqa = true;
+  o.impl = sdpa::parse_impl(text_of(impl));
+  if (!is_int(threads)) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_type, "threads",
+                      "expected an int, got " + text_of(threads));
+  }
+  o.threads = threads.cast<int>();
+  sdpa::resolve_threads(o.threads);
+  apply_variant_keywords(o, kwargs);
+  return o;
+}
+
+template <class F>
+auto translated(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const sdpa::Error& e) {
+    if (e.kind() == sdpa::ErrorKind::bad_type) throw py::type_error(e.what());
+    if (e.kind() == sdpa::ErrorKind::resources) throw std::bad_alloc();
+    throw py::value_error(e.what());
+  }
+}
+
+py::object varlen_forward(const py::object& q, const py::object& k, const py::object& v,
+                          const py::object& cu_q, const py::object& cu_k, std::int64_t max_q,
+                          std::int64_t max_k, const py::object& scale, const py::object& causal,
+                          bool return_lse, const py::object& impl, const py::object& threads,
+                          const py::kwargs& kwargs) {
+  return translated([&]() -> py::object {
+    const sdpa::AttentionOptions o = varlen_options(scale, causal, impl, threads, kwargs);
+    const Floating fq = floating(q, "query"), fk = floating(k, "key"), fv = floating(v, "value");
+    const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q"),
+                                    ok = offsets(cu_k, "cu_seqlens_k");
+    const sdpa::DType d = fq.ref.dtype;
+    if (fq.ref.shape.size() != 3 || fv.ref.shape.size() != 3) {
+      throw sdpa::Error(sdpa::ErrorKind::bad_shape, fq.ref.shape.size() != 3 ? "query" : "value",
+                        "expected a packed (total, heads, dim) array of rank 3");
+    }
+    py::array out = new_array(d, {fq.ref.shape[0], fq.ref.shape[1], fv.ref.shape[2]});
+    py::array lse = new_array(d, {fq.ref.shape[1], fq.ref.shape[0]});
+    const sdpa::MutableTensorRef out_ref = mut(out, d), lse_ref = mut(lse, d);
+    {
+      py::gil_scoped_release release;
+      sdpa::attention_varlen_forward(fq.ref, fk.ref, fv.ref, oq, ok, max_q, max_k, o, out_ref,
+                                     &lse_ref);
+    }
+    if (return_lse) return py::make_tuple(out, lse);
+    return out;
+  });
+}
+
+py::tuple varlen_backward(const py::object& q, const py::object& k, const py::object& v,
+                          const py::object& cu_q, const py::object& cu_k, std::int64_t max_q,
+                          std::int64_t max_k, const py::object& out, const py::object& lse,
+                          const py::object& grad_out, const py::object& scale,
+                          const py::object& causal, const py::object& impl,
+                          const py::object& threads, const py::kwargs& kwargs) {
+  return translated([&]() -> py::tuple {
+    const sdpa::AttentionOptions o = varlen_options(scale, causal, impl, threads, kwargs);
+    const Floating fq = floating(q, "query"), fk = floating(k, "key"), fv = floating(v, "value");
+    const Floating fo = floating(out, "out"), fl = floating(lse, "lse"),
+                   fg = floating(grad_out, "grad_out");
+    const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q"),
+                                    ok = offsets(cu_k, "cu_seqlens_k");
+    const sdpa::DType d = fq.ref.dtype;
+    py::array dq = new_array(d, fq.ref.shape), dk = new_array(d, fk.ref.shape),
+              dv = new_array(d, fv.ref.shape);
+    const bool sinks = !o.sinks.empty();
+    py::array ds = new_array(d, {static_cast<std::int64_t>(o.sinks.size())});
+    const sdpa::MutableTensorRef dq_ref = mut(dq, d), dk_ref = mut(dk, d), dv_ref = mut(dv, d),
+                                 ds_ref = mut(ds, d);
+    {
+      py::gil_scoped_release release;
+      sdpa::attention_varlen_backward(fq.ref, fk.ref, fv.ref, oq, ok, max_q, max_k, fo.ref, fl.ref,
+                                      fg.ref, o, dq_ref, dk_ref, dv_ref, sinks ? &ds_ref : nullptr);
+    }
+    if (sinks) return py::make_tuple(dq, dk, dv, ds);
+    return py::make_tuple(dq, dk, dv);
+  });
+}
+
+constexpr const char* kVarlenDoc =
+    R"doc(Attention over a packed batch of sequences of different lengths, as FlashAttention's
+flash_attn_varlen_func: out (total_q, Hq, Ev), or (out, lse) with return_lse, lse (Hq, total_q).
+
+query (total_q, Hq, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev), float32 or float64;
+Hq a multiple of Hkv. cu_seqlens_q / cu_seqlens_k: B + 1 int offsets (start at 0,
+non-decreasing, end at the totals): sequence b is query rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+and key rows cu_seqlens_k[b]:cu_seqlens_k[b+1]; it attends only within itself. max_seqlen_q /
+max_seqlen_k: at least the longest sequence. softmax_scale: None = 1/sqrt(E). causal: True is
+FlashAttention's (bottom-right aligned per sequence), or 'none', 'upper-left', 'lower-right'.
+Keywords: window_size=(left, right), softcap, alibi_slopes (Hq,) or (B, Hq), sinks (Hq,),
+dropout_p, seed (docs/variants.md), impl, threads.
+)doc";
+
+constexpr const char* kVarlenBackwardDoc =
+    R"doc(The backward of attention_varlen: (dq, dk, dv), and dsinks (Hq,) last when sinks are given.
+out and lse are attention_varlen's (return_lse=True) for the same inputs and options.
+)doc";
+
+}  // namespace
+
+void bind_variants(py::module_& m) {
+  m.def("attention_varlen", &varlen_forward, kVarlenDoc, py::arg("query"), py::arg("key"),
+        py::arg("value"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
+        py::arg("max_seqlen_k"), py::kw_only(), py::arg("softmax_scale") = py::none(),
+        py::arg("causal") = false, py::arg("return_lse") = false, py::arg("impl") = "fast",
+        py::arg("threads") = 0);
+  m.def("attention_varlen_backward", &varlen_backward, kVarlenBackwardDoc, py::arg("query"),
+        py::arg("key"), py::arg("value"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
+        py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("out"), py::arg("lse"),
+        py::arg("grad_out"), py::kw_only(), py::arg("softmax_scale") = py::none(),
+        py::arg("causal") = false, py::arg("impl") = "fast", py::arg("threads") = 0);
+}

@@ -1,0 +1,202 @@
+"""The variant keywords of the Python module (NumPy and sdpa.torch) and sdpa.attention_varlen,
+against torch composites that materialise L x S (float64, torch.autograd for the gradients)."""
+import numpy as np
+import pytest
+import torch
+
+import sdpa
+import sdpa.torch as st
+
+
+def composite(q, k, v, causal="none", window=(-1, -1), softcap=0.0, slopes=None, sinks=None,
+              scale=None):
+    """FlashAttention's semantics on (B, H, L, E) tensors, written independently."""
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[-3] // k.shape[-3]
+    k = k.repeat_interleave(group, -3)
+    v = v.repeat_interleave(group, -3)
+    s = scale * q @ k.transpose(-1, -2)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(L, dtype=torch.float64)[:, None]
+    j = torch.arange(S, dtype=torch.float64)[None, :]
+    d = S - L
+    if slopes is not None:
+        s = s - torch.as_tensor(slopes).reshape(-1, q.shape[-3], 1, 1) * (i + d - j).abs()
+    vis = torch.ones(L, S, dtype=torch.bool)
+    if causal == "upper-left":
+        vis &= j <= i
+    elif causal == "lower-right":
+        vis &= j <= i + d
+    if window[0] >= 0:
+        vis &= j >= i + d - window[0]
+    if window[1] >= 0:
+        vis &= j <= i + d + window[1]
+    s = s.masked_fill(~vis, float("-inf"))
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        lse = torch.logsumexp(torch.cat([s, sink], -1), -1)
+    else:
+        lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return p @ v, lse
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def test_numpy_keywords_match_the_composite():
+    q, k, v, g = rand(2, 4, 33, 8, seed=1), rand(2, 2, 50, 8, seed=2), rand(2, 2, 50, 8, seed=3), \
+        rand(2, 4, 33, 8, seed=4)
+    slopes = np.array([0.3, 0.1, 0.05, 0.2])
+    sinks = np.array([0.5, -1.0, 0.0, 1.5])
+    kw = dict(window_size=(10, 3), softcap=2.5, alibi_slopes=slopes, sinks=sinks,
+              causal="lower-right", enable_gqa=True)
+    for impl, tol in (("reference", 1e-10), ("fast", 1e-10)):
+        out, lse = sdpa.attention_forward(q, k, v, impl=impl, **kw)
+        tq, tk, tv, ts = (torch.tensor(a, requires_grad=True) for a in (q, k, v, sinks))
+        want, want_lse = composite(tq, tk, tv, "lower-right", (10, 3), 2.5, slopes, ts)
+        assert np.abs(out - want.detach().numpy()).max() < tol
+        assert np.abs(lse - want_lse.detach().numpy()).max() < tol
+        want.backward(torch.tensor(g))
+        dq, dk, dv, ds = sdpa.attention_backward(q, k, v, out, lse, g, impl=impl, **kw)
+        for got, t in ((dq, tq), (dk, tk), (dv, tv), (ds, ts)):
+            assert np.abs(got - t.grad.numpy()).max() < tol * 10
+
+
+def test_scaled_dot_product_attention_dropout():
+    q, k, v = rand(1, 2, 20, 4, seed=5), rand(1, 2, 30, 4, seed=6), rand(1, 2, 30, 4, seed=7)
+    a = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=1)
+    b = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=1)
+    c = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=2)
+    assert np.array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-3
+    # The reference draws the same mask.
+    r = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=1, impl="reference")
+    assert np.abs(a - r).max() < 1e-12
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"window_size": (-2, 0)}, ValueError, "window_size"),
+    ({"window_size": 3}, TypeError, "window_size"),
+    ({"softcap": -1.0}, ValueError, "softcap"),
+    ({"softcap": float("nan")}, ValueError, "softcap"),
+    ({"alibi_slopes": [1.0]}, ValueError, "alibi_slopes"),
+    ({"sinks": [1.0, 2.0, 3.0]}, ValueError, "sinks"),
+    ({"dropout_p": 1.0}, ValueError, "dropout_p"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"windows": (1, 1)}, TypeError, "windows"),
+])
+def test_bad_keywords_name_the_argument(kwargs, error, fragment):
+    q = rand(1, 2, 4, 4)
+    with pytest.raises(error, match=fragment):
+        sdpa.attention_forward(q, q, q, **kwargs)
+
+
+def test_torch_autograd_with_sinks():
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 40, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 70, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 3, 70, 8, dtype=torch.float64, requires_grad=True)
+    sinks = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    slopes = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], dtype=torch.float64)
+    out = st.scaled_dot_product_attention(q, k, v, causal="lower-right", window_size=(20, 0),
+                                          softcap=3.0, alibi_slopes=slopes, sinks=sinks)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sinks), g)
+    want = composite(q, k, v, "lower-right", (20, 0), 3.0, slopes, sinks)[0]
+    want_grads = torch.autograd.grad(want, (q, k, v, sinks), g)
+    assert (out - want).abs().max() < 1e-10
+    for a, b in zip(grads, want_grads):
+        assert (a - b).abs().max() < 1e-9
+    # Float32 sinks get a float32 gradient; gradcheck-style check of the sink in float64.
+    assert torch.autograd.gradcheck(
+        lambda s: st.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), sinks=s,
+                                                  window_size=(5, 5)),
+        (sinks.detach().clone().requires_grad_(),))
+
+
+def test_torch_dropout_follows_torch_manual_seed():
+    q = torch.randn(1, 2, 16, 8)
+    torch.manual_seed(3)
+    a = st.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    torch.manual_seed(3)
+    b = st.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    c = st.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+# ---- varlen ----------------------------------------------------------------------------------
+
+def pack(lengths, H, E, seed):
+    return rand(sum(lengths), H, E, seed=seed), np.concatenate([[0], np.cumsum(lengths)])
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"causal": True},
+    {"window_size": (7, 2), "softcap": 2.0, "sinks": np.array([0.2, -0.4, 1.0, 0.0])},
+    {"alibi_slopes": np.arange(1, 13).reshape(3, 4) / 20.0, "causal": "upper-left"},
+])
+def test_varlen_is_each_sequence_on_its_own(kw):
+    lq, lk = [5, 0, 70], [9, 4, 140]
+    q, cu_q = pack(lq, 4, 8, 11)
+    k, cu_k = pack(lk, 2, 8, 12)
+    v, _ = pack(lk, 2, 8, 13)
+    g, _ = pack(lq, 4, 8, 14)
+    out, lse = sdpa.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True, **kw)
+    grads = sdpa.attention_varlen_backward(q, k, v, cu_q, cu_k, max(lq), max(lk), out, lse, g,
+                                           **kw)
+    sinks = kw.get("sinks")
+    ts = None if sinks is None else torch.tensor(sinks, requires_grad=True)
+    causal = kw.get("causal", False)
+    causal = "lower-right" if causal is True else ("none" if causal is False else causal)
+    want_dk, want_dv = np.zeros_like(k), np.zeros_like(v)
+    for b in range(3):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        tq, tk, tv = (torch.tensor(a[s].transpose(1, 0, 2)[None], requires_grad=True)
+                      for a, s in ((q, sq), (k, sk), (v, sk)))
+        slopes = kw.get("alibi_slopes")
+        o, l = composite(tq, tk, tv, causal, kw.get("window_size", (-1, -1)),
+                         kw.get("softcap", 0.0), None if slopes is None else slopes[b], ts)
+        assert np.abs(out[sq] - o[0].detach().numpy().transpose(1, 0, 2)).max(initial=0) < 1e-10
+        assert np.abs(lse[:, sq] - l[0].detach().numpy()).max(initial=0) < 1e-10
+        if lq[b] == 0:
+            continue
+        o.backward(torch.tensor(g[sq].transpose(1, 0, 2)[None]))
+        assert np.abs(grads[0][sq] - tq.grad[0].numpy().transpose(1, 0, 2)).max(initial=0) < 1e-9
+        want_dk[sk] = tk.grad[0].numpy().transpose(1, 0, 2)
+        want_dv[sk] = tv.grad[0].numpy().transpose(1, 0, 2)
+    assert np.abs(grads[1] - want_dk).max(initial=0) < 1e-9
+    assert np.abs(grads[2] - want_dv).max(initial=0) < 1e-9
+    if sinks is not None:
+        assert np.abs(grads[3] - ts.grad.numpy()).max(initial=0) < 1e-9
+
+
+def test_varlen_dropout_is_per_sequence():
+    # Sequence b of a varlen batch draws the mask of batch index b.
+    q, cu = pack([30, 30], 2, 4, 21)
+    a = sdpa.attention_varlen(q, q, q, cu, cu, 30, 30, dropout_p=0.4, seed=9)
+    dense = q.reshape(2, 30, 2, 4).transpose(0, 2, 1, 3)
+    b = sdpa.scaled_dot_product_attention(dense, dense, dense, dropout_p=0.4, seed=9)
+    assert np.abs(a - b.transpose(0, 2, 1, 3).reshape(60, 2, 4)).max() < 1e-12
+
+
+@pytest.mark.parametrize("cu_q, fragment", [
+    ([1, 3, 6], "cu_seqlens_q: expected the first offset to be 0"),
+    ([0, 4, 3, 6], "cu_seqlens_q: expected non-decreasing offsets"),
+    ([0, 3, 5], "cu_seqlens_q: expected the last offset to be the packed total 6"),
+])
+def test_varlen_bad_offsets(cu_q, fragment):
+    q = rand(6, 2, 4)
+    cu_k = [0, 3, 6] if len(cu_q) == 3 else [0, 2, 4, 6]
+    with pytest.raises(ValueError, match=fragment):
+        sdpa.attention_varlen(q, q, q, cu_q, cu_k, 6, 6)
+
+
+def test_varlen_max_seqlen_checked():
+    q = rand(6, 2, 4)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        sdpa.attention_varlen(q, q, q, [0, 2, 6], [0, 2, 6], 3, 6)
