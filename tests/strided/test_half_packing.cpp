@@ -19,6 +19,7 @@
 #include "core/half.h"
 #include "core/problem.h"
 #include "hwy/highway.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/kernels.h"
 #include "sdpa/sdpa.h"
 
@@ -204,6 +205,24 @@ void check(DType qdt, DType kvdt, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
   p.dk = dk.out();
   p.dv = dv.out();
   sdpa::detail::fast_backward(p);
+  if (qdt == DType::bfloat16 && kvdt == DType::bfloat16 && sdpa::detail::bf16::native()) {
+    // All-bfloat16 on vdpbf16ps: S and dP from bfloat16 pairs (flash.cpp's BackwardPairs), the
+    // same exact products summed in another order, so within a bfloat16 ulp of the converting
+    // path's bits rather than equal to them.
+    const auto close = [](const Operand& got, const std::vector<float>& want, const char* name) {
+      float worst = 0, largest = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const float x = sdpa::detail::bfloat16_to_float(static_cast<std::uint16_t>(got.bits()[i]));
+        worst = std::max(worst, std::fabs(x - want[i]));
+        largest = std::max(largest, std::fabs(want[i]));
+      }
+      EXPECT_LE(worst, 0x1p-7f * largest) << name << " of the vdpbf16ps backward";
+    };
+    close(dq, dq_f, "dq");
+    close(dk, dk_f, "dk");
+    close(dv, dv_f, "dv");
+    return;
+  }
   EXPECT_EQ(dq.bits(), rounded_bits(dq_f, qdt)) << "dq";
   EXPECT_EQ(dk.bits(), rounded_bits(dk_f, kvdt)) << "dk";
   EXPECT_EQ(dv.bits(), rounded_bits(dv_f, kvdt)) << "dv";
