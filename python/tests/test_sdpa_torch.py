@@ -192,6 +192,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="dropout_p"):
         st.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
     with pytest.raises(TypeError, match="query: expected dtype"):
+        st.scaled_dot_product_attention(q.int(), k, v)
+    with pytest.raises(TypeError, match="key/value: expected the query's dtype float16"):
         st.scaled_dot_product_attention(q.half(), k, v)
     with pytest.raises(TypeError, match="key/value"):
         st.scaled_dot_product_attention(q, k.double(), v)
