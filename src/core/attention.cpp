@@ -175,6 +175,20 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
   return requested;
 }
 
+// True when the fused kernel serves this call on its 16-bit operands where they lie (it widens
+// them exactly while packing, core/problem.h's views): plain attention (the variants run on
+// float32 copies), not decode-sized (the decode adapter reads float32 C order), every view
+// flattenable, and no intermediate that could pass float32's range (bfloat16 holds 3e38; such a
+// call goes through float32 copies, whose own guard hands it to the reference). grad_out: as
+// for float32_may_overflow (the backward's check), or null for the forward.
+bool fast_reads_16bit(const detail::Problem& p, const AttentionOptions& options,
+                      const void* grad_out = nullptr) {
+  if (options.impl != Impl::fast || p.variants.any()) return false;
+  if (grad_out == nullptr && detail::decode_applies(p)) return false;
+  if (p.q.data == nullptr || p.k.data == nullptr || p.v.data == nullptr) return false;
+  return !detail::float32_may_overflow(p, grad_out);
+}
+
 // naive materialises the L x S scores of one head (forward) or P and dS (backward, twice that):
 // check that scratch against the memory available like any other large allocation, so that an
 // absurd L x S is a clear sdpa::Error (kind resources), never a bare std::bad_alloc.
@@ -230,8 +244,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
   // 16-bit inputs that the kernel serving the call does not read itself (core/half_attention.h).
-  const bool native = options.impl == Impl::fast && !detail::decode_applies(checked) &&
-                      detail::fast_forward_reads_bfloat16(checked);
+  const bool native = fast_reads_16bit(checked, options);
   if (detail::needs_half_path(query, key, value, mask, native)) {
     detail::half_forward(query, key, value, mask, options, out, lse, native);
     return;
@@ -323,7 +336,13 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
     return;
   }
-  if (detail::needs_half_path(query, key, value, mask, false)) {
+  bool native = false;
+  if (grad_sinks == nullptr) {
+    detail::Problem bound = checked;
+    bound.dout = detail::make_view<false>(grad_out, checked.lead, 1);
+    native = bound.dout.data != nullptr && fast_reads_16bit(bound, options, bound.dout.data);
+  }
+  if (detail::needs_half_path(query, key, value, mask, native)) {
     if (grad_sinks != nullptr) {
       throw Error(ErrorKind::bad_type, "grad_sinks",
                   "expected float32 or float64 inputs, got a half-precision query, key or value");
