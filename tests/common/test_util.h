@@ -127,6 +127,19 @@ struct Case {
   }
 };
 
+/// One head, L queries and S keys of widths E and Ev, with the given causal rule and mask kind.
+inline Case make_case(std::int64_t L, std::int64_t S, std::int64_t E, std::int64_t Ev,
+                      Causal causal, int mask_kind) {
+  Case c;
+  c.L = L;
+  c.S = S;
+  c.E = E;
+  c.Ev = Ev;
+  c.options.causal = causal;
+  c.mask_kind = mask_kind;
+  return c;
+}
+
 /// Random inputs for a case: q, k, v, and a mask (bool or additive with some -inf) when asked.
 struct Inputs {
   Array q, k, v, mask, dout;

@@ -37,6 +37,7 @@ using sdpa::DType;
 using sdpa::Impl;
 using sdpa::test::Case;
 using sdpa::test::Inputs;
+using sdpa::test::make_case;
 using sdpa::test::max_abs;
 using sdpa::test::max_abs_diff;
 using sdpa::test::Outputs;
@@ -126,18 +127,6 @@ double check_case(const Case& c, DType qd, DType kvd, std::uint64_t seed,
   }
   const Errors e = errors(fast.out, naive.out, truth.out);
   return e.scale > 0 ? e.naive / e.scale : 0.0;
-}
-
-Case make_case(std::int64_t L, std::int64_t S, std::int64_t E, std::int64_t Ev, Causal causal,
-               int mask_kind) {
-  Case c;
-  c.L = L;
-  c.S = S;
-  c.E = E;
-  c.Ev = Ev;
-  c.options.causal = causal;
-  c.mask_kind = mask_kind;
-  return c;
 }
 
 class HalfContract : public ::testing::TestWithParam<DType> {};

@@ -45,6 +45,7 @@ using sdpa::DType;
 using sdpa::Impl;
 using sdpa::test::Case;
 using sdpa::test::Inputs;
+using sdpa::test::make_case;
 using sdpa::test::make_inputs;
 using sdpa::test::max_abs;
 using sdpa::test::max_abs_diff;
@@ -108,18 +109,6 @@ void check_case(const Case& c, std::uint64_t seed, DType dtype = DType::float32,
     expect_within_contract("dk", fast.dk, naive.dk, truth.dk, eps, floor_eps, name);
     expect_within_contract("dv", fast.dv, naive.dv, truth.dv, eps, floor_eps, name);
   }
-}
-
-Case make_case(std::int64_t L, std::int64_t S, std::int64_t E, std::int64_t Ev, Causal causal,
-               int mask_kind) {
-  Case c;
-  c.L = L;
-  c.S = S;
-  c.E = E;
-  c.Ev = Ev;
-  c.options.causal = causal;
-  c.mask_kind = mask_kind;
-  return c;
 }
 
 constexpr Causal kCausals[] = {Causal::none, Causal::upper_left, Causal::lower_right};
