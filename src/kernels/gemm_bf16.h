@@ -27,27 +27,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
+
+#include "core/half.h"
 
 namespace sdpa::detail::bf16 {
 
-/// The float32 value of bfloat16 bits (exact: bfloat16 is float32's upper half).
-inline float to_float(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+/// The float32 value of bfloat16 bits (exact; core/half.h's conversion, under the name the
+/// packing code below uses).
+inline float to_float(std::uint16_t h) { return bfloat16_to_float(h); }
 
-/// float32 to bfloat16, rounding to nearest even; NaN stays NaN (quiet), overflow gives inf.
-/// Denormals are kept (vcvtne2ps2bf16 of the native path flushes them; see the contract above).
-inline std::uint16_t from_float(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
+/// float32 to bfloat16, rounding to nearest even (core/half.h's conversion): NaN stays NaN
+/// (quiet), overflow gives inf, denormals are kept (vcvtne2ps2bf16 of the native path flushes
+/// them; see the contract above).
+inline std::uint16_t from_float(float f) { return float_to_bfloat16(f); }
 
 /// True when gemm runs on vdpbf16ps: the CPU reports AVX512F and AVX512_BF16 (CPUID leaf 7
 /// subleaf 1, EAX bit 5, with the OS saving the 512-bit state) and the test hook does not force
