@@ -103,16 +103,33 @@ HWY_INLINE void PhiloxWords(std::uint32_t m0, std::size_t n, std::uint32_t i, st
   const auto lane = hnv::Load(d64, order);
   const auto M0 = hnv::BitCast(d32, hnv::Set(d64, std::uint64_t{0xD2511F53u}));
   const auto M1 = hnv::BitCast(d32, hnv::Set(d64, std::uint64_t{0xCD9E8D57u}));
+  // Words 1 .. 3 of the counter (i, h, b) are the same in every lane: the first round's
+  // product of word 2 and the second round's product of word 0 are scalars, computed once.
+  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // the key schedule (Weyl)
+  const std::uint64_t h1 = std::uint64_t{0xCD9E8D57u} * h;
+  const auto r1_x0 = static_cast<std::uint32_t>(h1 >> 32) ^ i ^ k0;  // round 1: x0, x1
+  const auto r1_x1 = static_cast<std::uint32_t>(h1);
+  const std::uint64_t h0 = std::uint64_t{0xD2511F53u} * r1_x0;  // round 2's hi0:lo0
+  const auto r1_x2_key = hnv::Set(d64, std::uint64_t{b ^ k1});
+  const auto r2_x0_key = hnv::Set(d64, std::uint64_t{r1_x1 ^ (k0 + kW0)});
+  const auto r2_x2_key = hnv::Set(d64, std::uint64_t{static_cast<std::uint32_t>(h0 >> 32) ^
+                                                     static_cast<std::uint32_t>(k1 + kW1)});
+  const auto r2_x3 = hnv::Set(d64, std::uint64_t{static_cast<std::uint32_t>(h0)});
   for (std::size_t c = 0; c < n; c += N) {
-    auto x0 = hnv::Add(hnv::Set(d64, std::uint64_t{m0} + c), lane);
-    auto x1 = hnv::Set(d64, std::uint64_t{i}), x2 = hnv::Set(d64, std::uint64_t{h});
-    auto x3 = hnv::Set(d64, std::uint64_t{b});
-    std::uint32_t ka = k0, kb = k1;
-    for (int round = 0; round < 10; ++round) {
-      if (round > 0) {  // Philox's key schedule (Weyl sequence)
-        ka += 0x9E3779B9u;
-        kb += 0xBB67AE85u;
-      }
+    // Round 1: x2 = hi(M0 m) ^ b ^ k1, x3 = lo(M0 m).
+    const auto m = hnv::Add(hnv::Set(d64, std::uint64_t{m0} + c), lane);
+    const auto q0 = hnv::MulEven(hnv::BitCast(d32, m), M0);
+    const auto y2 = hnv::Xor(hnv::ShiftRight<32>(q0), r1_x2_key);
+    // Round 2: x0 = hi(M1 x2) ^ x1 ^ ka, x1 = lo(M1 x2), x2 = hi0 ^ x3 ^ kb, x3 = lo0.
+    const auto q1 = hnv::MulEven(hnv::BitCast(d32, y2), M1);
+    auto x0 = hnv::Xor(hnv::ShiftRight<32>(q1), r2_x0_key);
+    auto x1 = q1;
+    auto x2 = hnv::Xor(q0, r2_x2_key);
+    auto x3 = r2_x3;
+    std::uint32_t ka = k0 + kW0, kb = k1 + kW1;
+    for (int round = 2; round < 10; ++round) {
+      ka += kW0;
+      kb += kW1;
       const auto p0 = hnv::MulEven(hnv::BitCast(d32, x0), M0);  // hi0:lo0
       const auto p1 = hnv::MulEven(hnv::BitCast(d32, x2), M1);  // hi1:lo1
       x0 = hnv::Xor(hnv::Xor(hnv::ShiftRight<32>(p1), x1), hnv::Set(d64, std::uint64_t{ka}));
