@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/half.h"
 #include "lab/common.h"
 #include "lab/experiments.h"
 #include "lab/lowp.h"
@@ -50,6 +51,73 @@ std::vector<double> logits(std::uint64_t seed, int d, int rows, int threads) {
     }
   });
   return z;
+}
+
+// Attention as pipelines run it: Q, K, V of `rows` x d, `n` x d, `n` x d standard normals
+// (float64), through sdpa::attention_forward in bfloat16 (inputs rounded to bfloat16; products
+// and softmax in float32; the fused kernel rounds P to bfloat16 before P·V where it runs on
+// vdpbf16ps, the naive path rounds S, P and O as PyTorch's CPU composite does) or float32, each
+// against the float64 reference on the unrounded inputs.
+struct PipelineError {
+  double out_rel_rms = 0;  // rms of (out - exact) / rms(exact out)
+  double lse_rms = 0;      // rms of lse - exact lse, nats
+};
+
+PipelineError pipeline_error(const std::vector<double>& q, const std::vector<double>& k,
+                             const std::vector<double>& v, int rows, int n, int d, double scale,
+                             DType dtype, Impl impl) {
+  const std::vector<std::int64_t> qs{1, 1, rows, d}, ks{1, 1, n, d};
+  AttentionOptions opt;
+  opt.scale = scale;
+  opt.threads = 1;  // the naive baseline's GEMMs are bit-identical only for a fixed count
+  opt.impl = Impl::reference;
+  std::vector<double> out_exact(static_cast<std::size_t>(rows) * d), lse_exact(rows);
+  {
+    const MutableTensorRef o{out_exact.data(), DType::float64, qs};
+    const MutableTensorRef l{lse_exact.data(), DType::float64, {1, 1, rows}};
+    attention_forward(TensorRef{q.data(), DType::float64, qs},
+                      TensorRef{k.data(), DType::float64, ks},
+                      TensorRef{v.data(), DType::float64, ks}, nullptr, opt, o, &l);
+  }
+  opt.impl = impl;
+  std::vector<double> out(out_exact.size()), lse(rows);
+  if (dtype == DType::bfloat16) {
+    auto to_bf16 = [](const std::vector<double>& x) {
+      std::vector<std::uint16_t> y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) y[i] = detail::float64_to_bfloat16(x[i]);
+      return y;
+    };
+    const auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v);
+    std::vector<std::uint16_t> ob(out.size());
+    std::vector<float> lf(rows);  // lse is float32 for 16-bit queries
+    const MutableTensorRef o{ob.data(), DType::bfloat16, qs};
+    const MutableTensorRef l{lf.data(), DType::float32, {1, 1, rows}};
+    attention_forward(TensorRef{qb.data(), DType::bfloat16, qs},
+                      TensorRef{kb.data(), DType::bfloat16, ks},
+                      TensorRef{vb.data(), DType::bfloat16, ks}, nullptr, opt, o, &l);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = detail::bfloat16_to_float(ob[i]);
+    for (int i = 0; i < rows; ++i) lse[i] = lf[i];
+  } else {
+    auto to_f32 = [](const std::vector<double>& x) {
+      return std::vector<float>(x.begin(), x.end());
+    };
+    const auto qf = to_f32(q), kf = to_f32(k), vf = to_f32(v);
+    std::vector<float> of(out.size()), lf(rows);
+    const MutableTensorRef o{of.data(), DType::float32, qs};
+    const MutableTensorRef l{lf.data(), DType::float32, {1, 1, rows}};
+    attention_forward(TensorRef{qf.data(), DType::float32, qs},
+                      TensorRef{kf.data(), DType::float32, ks},
+                      TensorRef{vf.data(), DType::float32, ks}, nullptr, opt, o, &l);
+    std::copy(of.begin(), of.end(), out.begin());
+    std::copy(lf.begin(), lf.end(), lse.begin());
+  }
+  double e2 = 0, x2 = 0, l2 = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    e2 += (out[i] - out_exact[i]) * (out[i] - out_exact[i]);
+    x2 += out_exact[i] * out_exact[i];
+  }
+  for (int i = 0; i < rows; ++i) l2 += (lse[i] - lse_exact[i]) * (lse[i] - lse_exact[i]);
+  return {std::sqrt(e2 / x2), std::sqrt(l2 / rows)};
 }
 
 }  // namespace
@@ -165,6 +233,56 @@ json run_precision(const LabOptions& options) {
   }
   result["tables"]["naive_nan"] = naive;
 
+  // ---- attention as pipelines run it: bfloat16 Q, K, V through the library ------------------
+  json pipeline = json::array();
+  const int prow = full ? 128 : 32;
+  double pipe_bits_lost = 0;
+  std::string pipe_text;
+  for (int d : {64, kBitsD}) {
+    const auto ud = static_cast<std::uint64_t>(d);
+    std::vector<double> q(static_cast<std::size_t>(prow) * d), k(static_cast<std::size_t>(kN) * d),
+        v(k.size());
+    Stream sq(options.seed, stream_id({streams::kPrecision, ud, 7, 0})),
+        sk(options.seed, stream_id({streams::kPrecision, ud, 7, 1})),
+        sv(options.seed, stream_id({streams::kPrecision, ud, 7, 2}));
+    for (double& x : q) x = sq.normal();
+    for (double& x : k) x = sk.normal();
+    for (double& x : v) x = sv.normal();
+    struct Path {
+      const char* name;
+      DType dtype;
+      Impl impl;
+    };
+    const Path paths[] = {{"bfloat16 fast", DType::bfloat16, Impl::fast},
+                          {"bfloat16 naive", DType::bfloat16, Impl::naive},
+                          {"float32 fast", DType::float32, Impl::fast}};
+    for (const Path& path : paths) {
+      double bits[2] = {0, 0};
+      for (int unscaled = 0; unscaled <= 1; ++unscaled) {
+        const double scale = unscaled ? 1.0 : 1.0 / std::sqrt(static_cast<double>(d));
+        const PipelineError e = pipeline_error(q, k, v, prow, kN, d, scale, path.dtype, path.impl);
+        bits[unscaled] = -std::log2(e.out_rel_rms);
+        pipeline.push_back({{"path", path.name},
+                            {"scale", unscaled ? "1" : "1/sqrt(d)"},
+                            {"d", d},
+                            {"n_keys", kN},
+                            {"rows", prow},
+                            {"out_rel_error_rms", e.out_rel_rms},
+                            {"out_bits", bits[unscaled]},
+                            {"lse_error_rms", e.lse_rms},
+                            {"bits_lost", unscaled ? json() : json(0.0)}});
+      }
+      pipeline[pipeline.size() - 1]["bits_lost"] = bits[0] - bits[1];
+      if (d == kBitsD && std::string(path.name) == "bfloat16 fast")
+        pipe_bits_lost = bits[0] - bits[1];
+      if (d == kBitsD) {
+        pipe_text += fmt::format("{}{}: {:.1f} bits scaled, {:.1f} unscaled",
+                                 pipe_text.empty() ? "" : "; ", path.name, bits[0], bits[1]);
+      }
+    }
+  }
+  result["tables"]["pipeline"] = pipeline;
+
   // ---- claims -------------------------------------------------------------------------------
   const double ln_n = std::log(static_cast<double>(kN));
   auto& claims = result["claims"];
@@ -192,8 +310,12 @@ json run_precision(const LabOptions& options) {
                   "bfloat16 loses {:.2f} bits unscaled (predicted from the logits' sizes: {:.2f})",
                   bits_text, bits_lost_bf16, bits_theory_bf16),
       verdict_precision(bits_lost_bf16, nan_fp16_unscaled_512, nan_scaled_max),
-      "Scaling keeps the softmax input in the range where low-precision formats are accurate "
-      "and where exp cannot overflow."));
+      fmt::format("Scaling keeps the softmax input in the range where low-precision formats are "
+                  "accurate and where exp cannot overflow. As pipelines run it (table pipeline: "
+                  "bfloat16 Q, K, V through sdpa::attention_forward, float32 accumulation, the "
+                  "output rounded to bfloat16), d = {}: the output keeps {}; unscaled attention "
+                  "loses {:.1f} bits on the fused kernel (no verdict rests on this table).",
+                  kBitsD, pipe_text, pipe_bits_lost)));
   return result;
 }
 
@@ -252,7 +374,24 @@ const Experiment& precision_experiment() {
          {"theory_d_threshold", Kind::number, "",
           "for scale 1, the d where the expected row maximum `sqrt(2 d ln N)` reaches `ln_max`: "
           "`ln_max²/(2 ln N)`; null for scaled rows",
-          true}}}},
+          true}}},
+       {"pipeline",
+        "one per (path, scale, d), d = 64 and 512, N = 1024: attention through the library",
+        {{"path", Kind::text, "",
+          "`bfloat16 fast` (the fused kernel on bfloat16 Q, K, V: float32 products and "
+          "softmax, P rounded to bfloat16 before P·V where it runs on vdpbf16ps), `bfloat16 "
+          "naive` (PyTorch's CPU composite: S, P, O rounded to bfloat16), `float32 fast`"},
+         {"scale", Kind::text, "", "`\"1\"` or `\"1/sqrt(d)\"`"},
+         {"d", Kind::integer, "", "dimension of q and k"},
+         {"n_keys", Kind::integer, "", "N"},
+         {"rows", Kind::integer, "", "query rows"},
+         {"out_rel_error_rms", Kind::number, "",
+          "rms of the output's error against the float64 reference on the unrounded inputs, "
+          "over the rms of that output"},
+         {"out_bits", Kind::number, "bits", "`−log2(out_rel_error_rms)`"},
+         {"lse_error_rms", Kind::number, "nats", "rms error of the log-sum-exp"},
+         {"bits_lost", Kind::number, "bits",
+          "`out_bits` of the scaled row minus this row's (0 for the scaled rows)"}}}},
       {{"precision",
         {"format", "scale", "logit_rms", "logit_rounding_rms", "prob_rel_error_rms",
          "effective_bits", "bits_lost", "bits_lost_theory"},
@@ -260,7 +399,10 @@ const Experiment& precision_experiment() {
        {"naive_nan",
         {"format", "scale", "d", "nan_fraction", "max_logit_median", "ln_max",
          "theory_d_threshold"},
-        is_key_d}}};
+        is_key_d},
+       {"pipeline",
+        {"path", "scale", "d", "out_rel_error_rms", "out_bits", "lse_error_rms", "bits_lost"},
+        nullptr}}};
   return e;
 }
 

@@ -12,6 +12,49 @@
 
 namespace sdpa::lab::train {
 
+std::string task_name(const TaskSpec& task) {
+  return task.matches <= 1 ? std::string("recall") : "majority-" + std::to_string(task.matches);
+}
+
+namespace {
+
+// Majority recall: the query key at `m` positions, (m + 1) / 2 of them with the target value and
+// the other m - (m + 1) / 2 with distinct values other than the target; the remaining P - m
+// positions hold distinct other keys with uniform values; then the positions are shuffled.
+void majority_sequence(const TaskSpec& task, Stream& stream, std::vector<int>& pool, int* keys,
+                       int* values, int& query, int& target) {
+  const int P = task.pairs, m = task.matches, others = P - m;
+  std::iota(pool.begin(), pool.end(), 0);
+  for (int i = 0; i <= others; ++i) {
+    const int j = i + static_cast<int>(stream.below(static_cast<std::uint32_t>(task.n_keys - i)));
+    std::swap(pool[i], pool[j]);
+  }
+  query = pool[0];
+  target = static_cast<int>(stream.below(static_cast<std::uint32_t>(task.n_values)));
+  const int carry = (m + 1) / 2;
+  std::vector<int> distract;  // distinct values other than the target
+  while (static_cast<int>(distract.size()) < m - carry) {
+    const int v = static_cast<int>(stream.below(static_cast<std::uint32_t>(task.n_values)));
+    if (v != target && std::find(distract.begin(), distract.end(), v) == distract.end())
+      distract.push_back(v);
+  }
+  for (int i = 0; i < m; ++i) {
+    keys[i] = query;
+    values[i] = i < carry ? target : distract[i - carry];
+  }
+  for (int i = 0; i < others; ++i) {
+    keys[m + i] = pool[1 + i];
+    values[m + i] = static_cast<int>(stream.below(static_cast<std::uint32_t>(task.n_values)));
+  }
+  for (int i = P - 1; i > 0; --i) {
+    const int j = static_cast<int>(stream.below(static_cast<std::uint32_t>(i + 1)));
+    std::swap(keys[i], keys[j]);
+    std::swap(values[i], values[j]);
+  }
+}
+
+}  // namespace
+
 Batch make_batch(const TaskSpec& task, int size, Stream& stream) {
   Batch b;
   b.size = size;
@@ -23,6 +66,11 @@ Batch make_batch(const TaskSpec& task, int size, Stream& stream) {
   b.target.resize(size);
   std::vector<int> pool(task.n_keys);
   for (int s = 0; s < size; ++s) {
+    if (task.matches > 1) {
+      majority_sequence(task, stream, pool, &b.keys[s * task.pairs], &b.values[s * task.pairs],
+                        b.query[s], b.target[s]);
+      continue;
+    }
     // The first `pairs` steps of a Fisher-Yates shuffle: distinct keys, uniformly.
     std::iota(pool.begin(), pool.end(), 0);
     for (int i = 0; i < task.pairs; ++i) {
@@ -41,7 +89,8 @@ Batch make_batch(const TaskSpec& task, int size, Stream& stream) {
 
 template <class T>
 Params<T>::Params(const ModelShape& s) : shape(s) {
-  const auto D = static_cast<std::size_t>(s.width), d = static_cast<std::size_t>(s.d);
+  const auto D = static_cast<std::size_t>(s.width),
+             d = static_cast<std::size_t>(s.d) * static_cast<std::size_t>(s.heads);
   emb_k.assign(s.n_keys * D, T(0));
   emb_v.assign(s.n_values * D, T(0));
   wq.assign(D * d, T(0));
@@ -79,7 +128,8 @@ Params<T> init_params(const ModelShape& shape, Stream& stream) {
   fill(p.wq, 1.0 / std::sqrt(double(shape.width)));
   fill(p.wk, 1.0 / std::sqrt(double(shape.width)));
   fill(p.wv, 1.0 / std::sqrt(double(shape.width)));
-  fill(p.wo, 1.0 / std::sqrt(double(shape.d)));
+  fill(p.wo, 1.0 / std::sqrt(double(shape.d) * shape.heads));
+  if (shape.zero_query) std::fill(p.wq.begin(), p.wq.end(), T(0));
   // qk-norm: (q/|q|).(k/|k|) has variance 1/d at initialisation; tau = sqrt(d) makes the scores
   // unit-variance, the same start as 1/sqrt(d).
   p.log_tau = static_cast<T>(0.5 * std::log(double(shape.d)));
@@ -163,7 +213,9 @@ template <class T>
 Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& batch, Params<T>* grad,
                        bool attention_stats, Workspace<T>& ws) {
   const ModelShape& s = params.shape;
-  const std::size_t B = batch.size, P = batch.pairs, D = s.width, d = s.d, V = s.n_values;
+  // d here is the projections' width h d; dh is one head's dimension.
+  const std::size_t B = batch.size, P = batch.pairs, D = s.width, H = s.heads, dh = s.d, d = H * dh,
+                    V = s.n_values;
   const double inv_sqrt2 = 1.0 / std::sqrt(2.0);
 
   // pass 1: inputs. x_q = E_k[query]; x_i = (E_k[key_i] + E_v[value_i]) / sqrt(2)
@@ -191,25 +243,29 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
   const double scale =
       qk_norm ? std::exp(double(params.log_tau)) : scale_value(kind, s.d) * s.temperature;
   if (qk_norm) {
-    normalize_rows(ws.q, ws.qn, ws.qnorm, B, d);
-    normalize_rows(ws.k, ws.kn, ws.knorm, B * P, d);
+    normalize_rows(ws.q, ws.qn, ws.qnorm, B * H, dh);  // per head: rows of dh
+    normalize_rows(ws.k, ws.kn, ws.knorm, B * P * H, dh);
   }
   const std::vector<T>& qa = qk_norm ? ws.qn : ws.q;
   const std::vector<T>& ka = qk_norm ? ws.kn : ws.k;
   const auto Bi = static_cast<std::int64_t>(B), Pi = static_cast<std::int64_t>(P),
-             di = static_cast<std::int64_t>(d);
+             Hi = static_cast<std::int64_t>(H), di = static_cast<std::int64_t>(dh);
   const DType dt = dtype_of<T>();
-  const TensorRef q_ref{qa.data(), dt, {Bi, 1, 1, di}};
-  const TensorRef k_ref{ka.data(), dt, {Bi, 1, Pi, di}};
-  const TensorRef v_ref{ws.v.data(), dt, {Bi, 1, Pi, di}};
+  // q and o are (B, h, 1, dh) as they lie; k and v lie (B, P, h, dh) and are read as
+  // (B, h, P, dh) views, without a copy.
+  const std::vector<std::int64_t> kv_strides{Pi * Hi * di, di, Hi * di, 1};
+  const TensorRef q_ref{qa.data(), dt, {Bi, Hi, 1, di}};
+  const TensorRef k_ref{ka.data(), dt, {Bi, Hi, Pi, di}, kv_strides};
+  const TensorRef v_ref{ws.v.data(), dt, {Bi, Hi, Pi, di}, kv_strides};
   AttentionOptions opt;
   opt.scale = scale;
+  opt.softcap = s.softcap;
   opt.impl = Impl::fast;
   opt.threads = 1;  // runs are parallel, each single-threaded: same numbers for any --threads
   ws.o.resize(B * d);
-  ws.lse.resize(B);
-  const MutableTensorRef o_ref{ws.o.data(), dt, {Bi, 1, 1, di}};
-  const MutableTensorRef lse_ref{ws.lse.data(), dt, {Bi, 1, 1}};
+  ws.lse.resize(B * H);
+  const MutableTensorRef o_ref{ws.o.data(), dt, {Bi, Hi, 1, di}};
+  const MutableTensorRef lse_ref{ws.lse.data(), dt, {Bi, Hi, 1}};
   attention_forward(q_ref, k_ref, v_ref, nullptr, opt, o_ref, &lse_ref);
 
   // pass 4: logits = o W_o; log-probabilities by sdpa::log_softmax
@@ -238,18 +294,22 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
   if (attention_stats) {
     // The attention weights of each query row: the float64 reference's scores and P for the
     // same q, k and scale (its P-only forward, which does not read v).
-    ws.scores.resize(B * P);
-    ws.probs.resize(B * P);
+    ws.scores.resize(B * H * P);
+    ws.probs.resize(B * H * P);
     const detail::Problem problem = detail::resolve_problem(q_ref, k_ref, v_ref, nullptr, opt);
     detail::reference_forward(problem, nullptr, nullptr, {ws.scores.data(), ws.probs.data()});
     double entropy = 0, max_logit = 0;
-    for (std::size_t b = 0; b < B; ++b) {
-      entropy += lab::entropy(std::span<const double>(&ws.probs[b * P], P));
+    std::size_t dead = 0;
+    for (std::size_t r = 0; r < B * H; ++r) {
+      const std::span<const double> p(&ws.probs[r * P], P);
+      entropy += lab::entropy(p);
+      dead += 1.0 - *std::max_element(p.begin(), p.end()) < kDeadRow;
       for (std::size_t i = 0; i < P; ++i)
-        max_logit = std::max(max_logit, std::fabs(ws.scores[b * P + i]));
+        max_logit = std::max(max_logit, std::fabs(ws.scores[r * P + i]));
     }
-    st.entropy = entropy / double(B);
+    st.entropy = entropy / double(B * H);
     st.max_logit = max_logit;
+    st.dead = double(dead) / double(B * H);
   }
   if (grad == nullptr) return st;
 
@@ -272,10 +332,10 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
   ws.dq.resize(B * d);
   ws.dk.resize(B * P * d);
   ws.dv.resize(B * P * d);
-  const TensorRef dout_ref{ws.dout.data(), dt, {Bi, 1, 1, di}};
-  const MutableTensorRef dq_ref{ws.dq.data(), dt, {Bi, 1, 1, di}};
-  const MutableTensorRef dk_ref{ws.dk.data(), dt, {Bi, 1, Pi, di}};
-  const MutableTensorRef dv_ref{ws.dv.data(), dt, {Bi, 1, Pi, di}};
+  const TensorRef dout_ref{ws.dout.data(), dt, {Bi, Hi, 1, di}};
+  const MutableTensorRef dq_ref{ws.dq.data(), dt, {Bi, Hi, 1, di}};
+  const MutableTensorRef dk_ref{ws.dk.data(), dt, {Bi, Hi, Pi, di}, kv_strides};
+  const MutableTensorRef dv_ref{ws.dv.data(), dt, {Bi, Hi, Pi, di}, kv_strides};
   attention_backward(q_ref, k_ref, v_ref, nullptr, o_ref, lse_ref, dout_ref, opt, dq_ref, dk_ref,
                      dv_ref);
 
@@ -288,8 +348,8 @@ Stats forward_backward(const Params<T>& params, ScaleKind kind, const Batch& bat
     for (std::size_t i = 0; i < B * d; ++i) dlog_tau += double(ws.qn[i]) * double(ws.dq[i]);
     grad->log_tau = static_cast<T>(dlog_tau);
     // q^ = q/|q|, k^ = k/|k|
-    normalize_rows_backward(ws.qn, ws.qnorm, ws.dq, B, d);
-    normalize_rows_backward(ws.kn, ws.knorm, ws.dk, B * P, d);
+    normalize_rows_backward(ws.qn, ws.qnorm, ws.dq, B * H, dh);
+    normalize_rows_backward(ws.kn, ws.knorm, ws.dk, B * P * H, dh);
   }
 
   // q = x_q W_q, k = x W_k, v = x W_v: dW = x^T dy, dx = dy W^T

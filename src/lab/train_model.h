@@ -30,13 +30,22 @@ struct TaskSpec {
   int n_keys = 32;
   int n_values = 16;
   int pairs = 16;  // P: keys of the attention
+  /// 1: associative recall (the query key occurs once). m > 1 (odd): majority recall, the query
+  /// key occurs at m positions, (m + 1) / 2 of them carrying the target value and the others
+  /// distinct other values, so that attention to any one matching position is right with
+  /// probability (m + 1) / (2m) at best (2/3 for m = 3): reaching 90% needs attention spread
+  /// over the matching positions.
+  int matches = 1;
 };
+
+/// "recall" or "majority-m" (m = matches).
+std::string task_name(const TaskSpec& task);
 
 /// A batch of associative-recall sequences.
 struct Batch {
   int size = 0;
   int pairs = 0;
-  std::vector<int> keys;    // size x pairs, distinct within a sequence
+  std::vector<int> keys;    // size x pairs, distinct within a sequence (but for the matches)
   std::vector<int> values;  // size x pairs
   std::vector<int> query;   // size: a key of the sequence
   std::vector<int> target;  // size: the value paired with it
@@ -47,15 +56,18 @@ Batch make_batch(const TaskSpec& task, int size, Stream& stream);
 
 struct ModelShape {
   int n_keys = 32, n_values = 16, width = 32, d = 16;  // width: D
-  double temperature = 1;  // multiplies the fixed scales: c/sqrt(d) is inv_sqrt_d with c
+  double temperature = 1;   // multiplies the fixed scales: c/sqrt(d) is inv_sqrt_d with c
+  int heads = 1;            // h heads of dimension d each: W_q, W_k, W_v are D x (h d)
+  double softcap = 0;       // the kernel's logit softcap (0 = off): c tanh(scale q.k / c)
+  bool zero_query = false;  // muP: W_q starts at zero (then every score starts at 0, uniform)
 };
 
 template <class T>
 struct Params {
   ModelShape shape;
   std::vector<T> emb_k, emb_v;  // n_keys x D, n_values x D
-  std::vector<T> wq, wk, wv;    // D x d
-  std::vector<T> wo;            // d x n_values
+  std::vector<T> wq, wk, wv;    // D x (h d); head j owns columns j d .. j d + d - 1
+  std::vector<T> wo;            // (h d) x n_values
   T log_tau = 0;                // qk_norm only (its gradient is 0 for the fixed scales)
 
   explicit Params(const ModelShape& s = {});
@@ -65,7 +77,8 @@ struct Params {
   std::vector<std::size_t> sizes() const;
 };
 
-/// Unit-variance embeddings, W_q, W_k, W_v ~ N(0, 1/D), W_o ~ N(0, 1/d); log_tau = ln sqrt(d).
+/// Unit-variance embeddings, W_q, W_k, W_v ~ N(0, 1/D), W_o ~ N(0, 1/(h d)); log_tau =
+/// ln sqrt(d); W_q = 0 when shape.zero_query.
 template <class T>
 Params<T> init_params(const ModelShape& shape, Stream& stream);
 
@@ -74,8 +87,14 @@ struct Stats {
   double loss = 0;       // mean cross-entropy, nats
   double accuracy = 0;   // fraction with argmax logits == target
   double entropy = 0;    // mean attention entropy of the query rows, nats (only if asked)
-  double max_logit = 0;  // largest |scale * q.k| (only if asked)
+  double max_logit = 0;  // largest |score| (only if asked)
+  double dead = 0;       // fraction of query rows (all heads) with 1 - max p < kDeadRow (ditto)
 };
+
+/// An attention row is dead in training when 1 - max_j p_j is below this: every entry of its
+/// softmax Jacobian diag(p) - p p^T is then below 1e-3, a thousandth of a typical unsaturated
+/// row's (uniform over P = 16 keys gives 1/16 - 1/256 on the diagonal, about 0.06).
+inline constexpr double kDeadRow = 1e-3;
 
 /// Reusable buffers so that a training step allocates nothing after the first.
 template <class T>

@@ -80,7 +80,9 @@ void summary(Page& page) {
         if (!cond.empty()) verdict_list += " (" + cond + ")";
         std::string first = str(&cl, "measurement");
         if (const auto dot = first.find(". "); dot != std::string::npos) first.resize(dot + 1);
-        if (!first.empty()) verdict_list += " — " + first;
+        // (not again when the condition already carries it)
+        if (!first.empty() && cond.find(first.substr(0, first.size() - 1)) == std::string::npos)
+          verdict_list += " — " + first;
       }
     }
     if (verdict_list.empty()) verdict_list = page.tr("not measured in this run", "本次未测量");

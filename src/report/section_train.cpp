@@ -97,35 +97,21 @@ void section_c8(Page& page) {
   page.verdicts(s, "C8");
 }
 
-void section_c8_study(Page& page, Section& s) {
-  const json* curves = page.table_or_note(s, "train", "study_curves");
-  const json* regimes = curves ? page.table_or_note(s, "train", "study_regimes") : nullptr;
-  if (!regimes) return;
-  s.blocks.push_back(Paragraph{page.tr(
-      "The study: unscaled against 1/√d over paired seeds (the same initialisation and batches "
-      "for both), SGD, SGD with momentum and Adam, head dimensions d ≤ D, each variant's rate "
-      "chosen on a held-out seed. The training dynamics of the first evaluation seed at the "
-      "largest d, one column per optimizer: evaluation loss, largest logit, attention entropy "
-      "and the gradient norm into W_q.",
-      "研究：在成对种子（两者初始化与批次相同）上比较未缩放与 1/√d，优化器为 SGD、带动量的 SGD "
-      "与 Adam，头维度 d ≤ D，每个变体的学习率在留出的种子上选定。下图为第一个评估种子在最大 d "
-      "下的训练动态，每列一个优化器：评估损失、最大 logit、注意力熵与流向 W_q 的梯度范数。")});
-  const auto ds = distinct_numbers(regimes, "d");
-  const double d = ds.empty() ? std::nan("") : ds.back();
+namespace {
+
+// The dynamics of the first evaluation seed: one column per regime of `regime_rows`, one row per
+// metric, one series per scale that ran on that regime.
+void dynamics_figure(Page& page, Section& s, const json* curves, const Rows& regime_rows,
+                     const std::string& id, const std::string& caption_en,
+                     const std::string& caption_zh) {
+  if (regime_rows.empty()) return;
   Figure f;
-  f.id = "c8-dynamics";
-  f.caption = page.tr(
-      fmt::format("C8 study, d = {}: loss, largest logit, attention entropy and |∂L/∂W_q| against "
-                  "steps, per optimizer (columns), unscaled and 1/√d.",
-                  d),
-      fmt::format("C8 研究，d = {}：损失、最大 logit、注意力熵与 |∂L/∂W_q| 随步数的变化，"
-                  "每列一个优化器，未缩放与 1/√d。",
-                  d));
+  f.id = id;
+  f.caption = page.tr(caption_en, caption_zh);
   f.sources = {csv_name("train", "study_curves")};
-  const auto opts = distinct(regimes, "optimizer");
-  f.columns = static_cast<int>(opts.size());
-  f.width = 1100;
-  f.height = 900;
+  f.columns = static_cast<int>(regime_rows.size());
+  f.width = std::max(700, 260 * f.columns);
+  f.height = 1150;
   struct Metric {
     const char* column;
     std::string label;
@@ -135,15 +121,36 @@ void section_c8_study(Page& page, Section& s) {
       {"loss", page.tr("evaluation loss (nats)", "评估损失（nats）"), true},
       {"max_logit", page.tr("largest |logit|", "最大 |logit|"), true},
       {"entropy", page.tr("attention entropy (nats)", "注意力熵（nats）"), false},
-      {"grad_norm_wq", "|∂L/∂W_q|", true}};
+      {"grad_norm_wq", "|∂L/∂W_q|", true},
+      {"dead_rows", page.tr("dead rows (1 − max p < 1e-3)", "死行（1 − max p < 1e-3）"), false}};
+  auto same_regime = [](Row a, Row b) {
+    for (const char* c : {"optimizer", "task"}) {
+      if (str(a, c) != str(b, c)) return false;
+    }
+    for (const char* c : {"pairs", "width", "heads", "d"}) {
+      if (num(a, c) != num(b, c)) return false;
+    }
+    return true;
+  };
   for (const Metric& m : metrics) {
-    for (const auto& opt : opts) {
-      Panel p{opt, page.tr("steps", "步数"), m.label, false, m.logy, "set key top right", {}};
+    for (Row rg : regime_rows) {
+      Panel p{fmt::format("{} {} P={} D={} h={} d={}", str(rg, "optimizer"), str(rg, "task"),
+                          num(rg, "pairs"), num(rg, "width"), num(rg, "heads"), num(rg, "d")),
+              page.tr("steps", "步数"),
+              m.label,
+              false,
+              m.logy,
+              std::string("set key top right") +
+                  (m.column == std::string("dead_rows") ? "\nset yrange [0:1.05]" : ""),
+              {}};
+      const Rows mine = where(curves, [&](Row r) { return same_regime(r, rg); });
       std::size_t i = 0;
-      for (const std::string scale : {"1", "1/sqrt(d)"}) {
-        const Rows rows = where(curves, [&](Row r) {
-          return str(r, "optimizer") == opt && str(r, "scale") == scale && num(r, "d") == d;
-        });
+      for (const std::string& scale : distinct(curves, "scale")) {
+        Rows rows;
+        for (Row r : mine) {
+          if (str(r, "scale") == scale) rows.push_back(r);
+        }
+        if (rows.empty()) continue;
         p.series.push_back(series(
             scale_title(scale), rows, {"step", m.column}, m.logy ? "1:($2 > 0 ? $2 : NaN)" : "1:2",
             fmt::format("linespoints lt {} pt {} ps 0.4", i + 1, point_type(i))));
@@ -153,25 +160,106 @@ void section_c8_study(Page& page, Section& s) {
     }
   }
   page.figure(s, f);
+}
+
+}  // namespace
+
+void section_c8_study(Page& page, Section& s) {
+  const json* curves = page.table_or_note(s, "train", "study_curves");
+  const json* regimes = curves ? page.table_or_note(s, "train", "study_regimes") : nullptr;
+  if (!regimes) return;
+  s.blocks.push_back(Paragraph{page.tr(
+      "The study: unscaled against 1/√d over paired seeds (the same initialisation and batches "
+      "for both), per regime: optimizer (SGD, SGD with momentum, Adam), task (associative "
+      "recall, which one-hot attention solves, and majority recall, which needs attention over "
+      "three matching keys), the number of keys P, and the model: h = D/d heads at fixed width "
+      "D, or one head with d = D. Each variant's rate is chosen on a held-out seed. The figures "
+      "show the training dynamics of the first evaluation seed for every regime: evaluation "
+      "loss, largest logit, attention entropy, the gradient norm into W_q and the fraction of "
+      "dead attention rows.",
+      "研究：在成对种子（两者初始化与批次相同）上比较未缩放与 1/√d，按情形划分：优化器（SGD、"
+      "带动量的 SGD、Adam）、任务（联想回忆——one-hot 注意力即可解决；多数回忆——需要把注意力"
+      "分给三个匹配的键）、键的个数 P，以及模型：固定宽度 D 下 h = D/d 个头，或 d = D 的单头。"
+      "每个变体的学习率在留出的种子上选定。下图给出每个情形第一个评估种子的训练动态：评估损失、"
+      "最大 logit、注意力熵、流向 W_q 的梯度范数与注意力死行的比例。")});
+  for (const std::string& opt : distinct(regimes, "optimizer")) {
+    const Rows rows = where(regimes, [&](Row r) {
+      return str(r, "optimizer") == opt &&
+             (str(r, "family") == "heads" || str(r, "family") == "single");
+    });
+    dynamics_figure(
+        page, s, curves, rows, "c8-dynamics-" + opt,
+        fmt::format("C8 study, {}, recall: loss, largest logit, attention entropy, |∂L/∂W_q| "
+                    "and the dead-row fraction against steps, one column per (D, h, d).",
+                    opt),
+        fmt::format("C8 研究，{}，联想回忆：损失、最大 logit、注意力熵、|∂L/∂W_q| 与死行比例随"
+                    "步数的变化，每列一个 (D, h, d)。",
+                    opt));
+  }
+  dynamics_figure(
+      page, s, curves,
+      where(regimes,
+            [](Row r) { return str(r, "family") == "soft" || str(r, "family") == "pairs"; }),
+      "c8-dynamics-tasks",
+      "C8 study: the same dynamics for majority recall (soft attention needed) and for the "
+      "number of keys P varied.",
+      "C8 研究：多数回忆（需要软注意力）与不同键数 P 下的同样动态。");
   page.key_rows(s, "train", "study_regimes", all_rows(regimes),
-                {"optimizer", "d", "width", "seeds", "lr_unscaled", "lr_scaled", "unscaled_reached",
-                 "scaled_reached", "steps_unscaled", "steps_scaled", "step_ratio",
-                 "step_ratio_ci_low", "step_ratio_ci_high", "auc_ratio", "outcome"},
+                {"optimizer",
+                 "task",
+                 "pairs",
+                 "width",
+                 "heads",
+                 "d",
+                 "lr_unscaled",
+                 "lr_scaled",
+                 "unscaled_reached",
+                 "scaled_reached",
+                 "steps_unscaled",
+                 "steps_scaled",
+                 "step_ratio",
+                 "step_ratio_ci_low",
+                 "step_ratio_ci_high",
+                 "auc_ratio",
+                 "init_entropy_unscaled",
+                 "rem_entropy_unscaled",
+                 "init_dead_unscaled",
+                 "outcome"},
                 page.tr("Per regime: steps to 90% accuracy (interpolated), geometric means over "
-                        "the paired seeds, and the ratio with its 95% bootstrap interval over "
-                        "seeds:",
-                        "每个情形：达到 90% 准确率的步数（插值），成对种子上的几何平均，以及比值"
-                        "与其在种子上的 95% 自助法区间："));
+                        "the paired seeds, the ratio with its 95% bootstrap interval over seeds, "
+                        "and the outcome of the regime's verdict rule (docs/train.md):",
+                        "每个情形：达到 90% 准确率的步数（插值），成对种子上的几何平均，比值"
+                        "与其在种子上的 95% 自助法区间，以及该情形判定规则的结果："));
   if (const json* temps = page.table("train", "study_temperature")) {
     page.key_rows(
         s, "train", "study_temperature", all_rows(temps),
         {"c", "d", "lr", "reached", "steps_to_90", "steps_ci_low", "steps_ci_high", "loss_auc",
-         "init_entropy"},
+         "init_entropy", "rem_entropy"},
         page.tr("The initial temperature at fixed d (Adam): logits c·q·k/√d, c = 1 is "
                 "1/√d and c = √d is unscaled: if the steps grow with c alone, the initial "
                 "saturation, not the parametrisation, is what slows learning.",
                 "固定 d 下的初始温度（Adam）：logits 为 c·q·k/√d，c = 1 即 1/√d，c = √d "
                 "即不缩放：若步数只随 c 增长，拖慢学习的是初始饱和，而非参数化方式。"));
+  }
+  if (const json* alts = page.table("train", "study_alternatives")) {
+    page.key_rows(s, "train", "study_alternatives", all_rows(alts),
+                  {"optimizer", "width", "d", "scale", "lr", "reached", "steps_to_90",
+                   "ratio_to_scaled", "ratio_ci_low", "ratio_ci_high", "init_entropy"},
+                  page.tr("The alternatives through the kernel, on the same seeds: QK-norm "
+                          "(learned temperature, its backward through the normalisation), scale 1 "
+                          "under the kernel's softcap, and muP (scale 1/d, zero-initialised "
+                          "query, hidden-matrix rates × D0/D); the ratio is to 1/√d's steps.",
+                          "通过计算核的替代方案，相同种子：QK 归一化（可学习温度，反向传播穿过"
+                          "归一化）、在计算核 softcap 下的 scale 1，以及 muP（scale 1/d、查询零"
+                          "初始化、隐藏矩阵学习率 × D0/D）；比值相对于 1/√d 的步数。"));
+  }
+  if (const json* tr = page.table("train", "study_transfer")) {
+    page.key_rows(s, "train", "study_transfer", all_rows(tr),
+                  {"scale", "width", "lr", "steps_to_90", "outcome"},
+                  page.tr("Rate transfer across widths (Adam, one head d = D): the rate chosen "
+                          "on the held-out seed at each width, muP against the standard 1/√d.",
+                          "学习率随宽度的迁移（Adam，单头 d = D）：各宽度在留出种子上选出的学习"
+                          "率，muP 对比标准的 1/√d。"));
   }
 }
 
@@ -179,12 +267,13 @@ void section_training(Page& page) {
   Section& s = page.section(
       "training", page.tr("Beyond the article: the training ablation", "超出原文：训练消融"));
   s.blocks.push_back(Paragraph{page.tr(
-      "Every learning rate of the sweep, for the four variants: scale 1, 1/√d, 1/d (“μP-style” "
-      "scale only: true μP also zero-initialises the query and scales rates with width) and "
+      "Every learning rate of the sweep, for the four variants: scale 1, 1/√d, 1/d (the scale "
+      "muP uses, alone; the study above runs muP itself: zero-initialised query and "
+      "width-scaled rates) and "
       "QK-normalisation with a learned temperature. A variant that only works at one rate is "
       "fragile; one that fails at every rate is stuck.",
-      "学习率扫描中的每个学习率，四种变体：scale 1、1/√d、1/d（仅为 μP 式缩放：真正的 μP "
-      "还把查询初始化为零并随宽度缩放学习率）以及带可学习温度的 QK "
+      "学习率扫描中的每个学习率，四种变体：scale 1、1/√d、1/d（仅为 muP 所用的缩放；上面的研究"
+      "运行了真正的 muP：查询零初始化、随宽度缩放学习率）以及带可学习温度的 QK "
       "归一化。只在"
       "一个学习率下有效的变体是脆弱的；在所有学习率下都失败的变体是“卡死”的。")});
   if (const json* runs = page.table_or_note(s, "train", "runs")) {

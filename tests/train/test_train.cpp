@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "lab/lab.h"
 #include "lab/random.h"
@@ -57,49 +59,94 @@ TEST(TrainTask, BatchesAreWellFormedAndReproducible) {
 // ~ eps |L| / h ~ 1e-16 * 3 / 1e-5 = 3e-11; the bound 1e-7 (relative to max(1, |g|)) leaves a
 // margin of 1000x yet catches any wrong term (those are O(|g|)).
 TEST(TrainModel, GradientsMatchFiniteDifferences) {
-  const ModelShape shape{6, 5, 4, 3};  // n_keys, n_values, width D, head dim d
-  const TaskSpec task{6, 5, 4};
-  for (const ScaleKind kind : kAllScales) {
-    SCOPED_TRACE(scale_name(kind));
-    Stream init(7, 1), data(7, 2);
-    Params<double> p = init_params<double>(shape, init);
-    p.log_tau = 0.3;  // away from the initial value so that tau's gradient is non-trivial
-    const Batch batch = make_batch(task, 3, data);
-    Workspace<double> ws;
-    Params<double> grad(shape);
-    forward_backward(p, kind, batch, &grad, false, ws);
-    const auto values = p.tensors();
-    const auto grads = grad.tensors();
-    const auto sizes = p.sizes();
-    const char* names[] = {"emb_k", "emb_v", "wq", "wk", "wv", "wo", "log_tau"};
-    constexpr double h = 1e-5, bound = 1e-7;
-    double worst = 0, worst_g = 0, worst_fd = 0;
-    std::string worst_where;
-    for (std::size_t t = 0; t < values.size(); ++t) {
-      if (kind != ScaleKind::qk_norm && t == 6) {
-        EXPECT_EQ(grads[t][0], 0.0) << "a fixed scale has no temperature gradient";
-        continue;
-      }
-      for (std::size_t i = 0; i < sizes[t]; ++i) {
-        const double saved = values[t][i];
-        values[t][i] = saved + h;
-        const double up = forward_backward<double>(p, kind, batch, nullptr, false, ws).loss;
-        values[t][i] = saved - h;
-        const double down = forward_backward<double>(p, kind, batch, nullptr, false, ws).loss;
-        values[t][i] = saved;
-        const double fd = (up - down) / (2 * h);
-        const double err = std::fabs(fd - grads[t][i]) / std::max(1.0, std::fabs(fd));
-        if (err > worst) {
-          worst = err;
-          worst_g = grads[t][i];
-          worst_fd = fd;
-          worst_where = std::string(names[t]) + "[" + std::to_string(i) + "]";
+  // One head (n_keys, n_values, width D, head dim d); three heads of d = 2 in D = 6, whose k
+  // and v go through the kernel as strided (B, h, P, d) views; the kernel's softcap; muP's
+  // zero query; and the majority task (repeated keys).
+  ModelShape heads{6, 5, 6, 2};
+  heads.heads = 3;
+  ModelShape capped{6, 5, 4, 3};
+  capped.softcap = 1.5;
+  ModelShape zero_q{6, 5, 4, 3};
+  zero_q.zero_query = true;
+  TaskSpec majority{6, 5, 4};
+  majority.matches = 3;
+  const std::pair<ModelShape, TaskSpec> cases[] = {{ModelShape{6, 5, 4, 3}, TaskSpec{6, 5, 4}},
+                                                   {heads, TaskSpec{6, 5, 4}},
+                                                   {capped, TaskSpec{6, 5, 4}},
+                                                   {zero_q, majority}};
+  for (const auto& [shape, task] : cases)
+    for (const ScaleKind kind : kAllScales) {
+      SCOPED_TRACE(std::string(scale_name(kind)) + " heads " + std::to_string(shape.heads) +
+                   " softcap " + std::to_string(shape.softcap) + " matches " +
+                   std::to_string(task.matches));
+      // q / |q| has no derivative at q = 0: the zero query goes with the fixed scales (muP).
+      if (shape.zero_query && kind == ScaleKind::qk_norm) continue;
+      Stream init(7, 1), data(7, 2);
+      Params<double> p = init_params<double>(shape, init);
+      p.log_tau = 0.3;  // away from the initial value so that tau's gradient is non-trivial
+      const Batch batch = make_batch(task, 3, data);
+      Workspace<double> ws;
+      Params<double> grad(shape);
+      forward_backward(p, kind, batch, &grad, false, ws);
+      const auto values = p.tensors();
+      const auto grads = grad.tensors();
+      const auto sizes = p.sizes();
+      const char* names[] = {"emb_k", "emb_v", "wq", "wk", "wv", "wo", "log_tau"};
+      constexpr double h = 1e-5, bound = 1e-7;
+      double worst = 0, worst_g = 0, worst_fd = 0;
+      std::string worst_where;
+      for (std::size_t t = 0; t < values.size(); ++t) {
+        if (kind != ScaleKind::qk_norm && t == 6) {
+          EXPECT_EQ(grads[t][0], 0.0) << "a fixed scale has no temperature gradient";
+          continue;
+        }
+        for (std::size_t i = 0; i < sizes[t]; ++i) {
+          const double saved = values[t][i];
+          values[t][i] = saved + h;
+          const double up = forward_backward<double>(p, kind, batch, nullptr, false, ws).loss;
+          values[t][i] = saved - h;
+          const double down = forward_backward<double>(p, kind, batch, nullptr, false, ws).loss;
+          values[t][i] = saved;
+          const double fd = (up - down) / (2 * h);
+          const double err = std::fabs(fd - grads[t][i]) / std::max(1.0, std::fabs(fd));
+          if (err > worst) {
+            worst = err;
+            worst_g = grads[t][i];
+            worst_fd = fd;
+            worst_where = std::string(names[t]) + "[" + std::to_string(i) + "]";
+          }
         }
       }
+      EXPECT_LE(worst, bound) << "worst at " << worst_where << ": analytic " << worst_g
+                              << ", finite difference " << worst_fd;
     }
-    EXPECT_LE(worst, bound) << "worst at " << worst_where << ": analytic " << worst_g
-                            << ", finite difference " << worst_fd;
+}
+
+TEST(TrainTask, MajorityBatchesNeedSeveralKeys) {
+  TaskSpec task{32, 16, 16};
+  task.matches = 3;
+  Stream s(9, 1);
+  const Batch a = make_batch(task, 300, s);
+  for (int b = 0; b < a.size; ++b) {
+    std::map<int, int> key_count, target_votes;
+    for (int i = 0; i < a.pairs; ++i) {
+      const int k = a.keys[b * a.pairs + i];
+      ++key_count[k];
+      if (k == a.query[b]) ++target_votes[a.values[b * a.pairs + i]];
+    }
+    ASSERT_EQ(key_count[a.query[b]], 3) << "sequence " << b;
+    for (const auto& [k, n] : key_count) {
+      if (k != a.query[b]) {
+        ASSERT_EQ(n, 1) << "sequence " << b << ": key " << k << " repeats";
+      }
+    }
+    // The target carries 2 of the 3 matching positions, the third another value: attending to
+    // one matching position is right with probability 2/3.
+    ASSERT_EQ(target_votes[a.target[b]], 2) << "sequence " << b;
+    ASSERT_EQ(target_votes.size(), 2u) << "sequence " << b;
   }
+  EXPECT_EQ(task_name(task), "majority-3");
+  EXPECT_EQ(task_name(TaskSpec{}), "recall");
 }
 
 TEST(TrainModel, QkNormGradientIsNotTrivial) {
@@ -130,6 +177,19 @@ TEST(TrainModel, StatsMeasureTheAttention) {
   EXPECT_GE(one.entropy, 0.0);
   EXPECT_GE(scaled.accuracy, 0.0);
   EXPECT_LE(scaled.accuracy, 1.0);
+  // Dead rows (1 - max p < 1e-3): a good share of the unscaled rows at d = 256 over 16 keys
+  // (the top-two gap is about 16 E / 1.8 nats), hardly any scaled one.
+  EXPECT_GT(one.dead, 0.2);
+  EXPECT_LT(scaled.dead, 0.02);
+  // muP's zero query: every score is 0, uniform attention, no row dead.
+  ModelShape zq = shape;
+  zq.zero_query = true;
+  Stream init2(1, 1);
+  const Params<float> pz = init_params<float>(zq, init2);
+  const Stats uniform = forward_backward<float>(pz, ScaleKind::inv_d, batch, nullptr, true, ws);
+  EXPECT_NEAR(uniform.entropy, std::log(16.0), 1e-6);
+  EXPECT_EQ(uniform.dead, 0.0);
+  EXPECT_EQ(uniform.max_logit, 0.0);
 }
 
 TEST(TrainModel, AdamFirstStepMovesEveryParameterByTheRate) {
@@ -390,7 +450,7 @@ namespace {
 
 // The study's rules flip when their numbers do.
 TEST(StudyVerdict, RegimeOutcomeFollowsTheInterval) {
-  RegimeStats r{"sgd", 64, 3, 3, 3, 4.0, 3.5, 4.5};
+  RegimeStats r{"sgd recall P=16 D=64 h=1 d=64", 3, 3, 3, 4.0, 3.5, 4.5};
   EXPECT_EQ(regime_outcome(r), "slower");
   r.ratio_low = 0.9;  // the interval reaches below 1
   EXPECT_EQ(regime_outcome(r), "similar");
@@ -403,18 +463,22 @@ TEST(StudyVerdict, RegimeOutcomeFollowsTheInterval) {
 }
 
 TEST(StudyVerdict, JudgeOverRegimesCarriesTheQualifiers) {
-  const RegimeStats slow{"adam", 64, 3, 3, 3, 5.0, 4.0, 6.0};
+  const RegimeStats slow{"adam recall P=16 D=64 h=4 d=16", 3, 3, 3, 5.0, 4.0, 6.0};
   RegimeStats stuck = slow;
   stuck.unscaled_reached = 0;
-  stuck.optimizer = "sgd";
+  stuck.name = "sgd majority-3 P=16 D=64 h=1 d=64";
   RegimeStats lost = slow;
   lost.scaled_reached = 0;
   StudyVerdict v = judge_study({slow, slow}, "Q-QUALIFIERS");
   EXPECT_EQ(v.verdict, "fails");
   EXPECT_EQ(v.measurement.rfind("Q-QUALIFIERS", 0), 0u) << v.measurement;
+  // The front table shows the condition: a "fails" carries the qualifiers too.
+  EXPECT_EQ(v.condition.rfind("Q-QUALIFIERS", 0), 0u) << v.condition;
+  EXPECT_NE(v.condition.find("slower in 2 of 2"), std::string::npos) << v.condition;
   v = judge_study({slow, stuck}, "Q");
   EXPECT_EQ(v.verdict, "holds-if");
-  EXPECT_NE(v.condition.find("sgd d = 64"), std::string::npos) << v.condition;
+  EXPECT_NE(v.condition.find("sgd majority-3 P=16 D=64 h=1 d=64"), std::string::npos)
+      << v.condition;
   EXPECT_EQ(judge_study({stuck, stuck}, "Q").verdict, "holds");
   EXPECT_EQ(judge_study({stuck, lost}, "Q").verdict, "holds");
   EXPECT_EQ(judge_study({lost, lost}, "Q").verdict, "inconclusive");
@@ -427,15 +491,83 @@ TEST(StudyVerdict, CrossingIsInterpolatedBetweenEvaluations) {
   EXPECT_FALSE(interpolated_crossing({{0, 0.1}, {10, 0.89}}, 0.9).has_value());
 }
 
-TEST(StudyConfigs, SeedsOptimizersAndWidths) {
+TEST(StudyVerdict, RateTransferFlipsAtOneGridStep) {
+  EXPECT_EQ(rate_transfer({1e-3, 1e-3, 3e-3}, 10.0 / 3.0), "transfers");
+  EXPECT_EQ(rate_transfer({3e-3, 1e-3}, 10.0 / 3.0), "transfers");
+  EXPECT_EQ(rate_transfer({1e-3, 1e-2}, 10.0 / 3.0), "shifts");  // two steps
+  EXPECT_EQ(rate_transfer({1e-3, 3e-3, 1e-2}, 10.0 / 3.0), "shifts");
+  EXPECT_EQ(rate_transfer({1e-3}, 10.0 / 3.0), "inconclusive");
+}
+
+TEST(StudyConfigs, SeedsOptimizersWidthsHeadsTasksAndPairs) {
   for (const Mode mode : {Mode::quick, Mode::full}) {
+    SCOPED_TRACE(mode == Mode::quick ? "quick" : "full");
     const StudyConfig c = study_config_for(mode);
     EXPECT_GE(c.eval_seeds, mode == Mode::quick ? 3 : 10);
-    EXPECT_EQ(c.optimizers.size(), 3u);
-    for (int d : c.ds) EXPECT_LE(d, c.width);
-    EXPECT_NE(std::find(c.ds.begin(), c.ds.end(), c.width), c.ds.end());  // single head d = D
     EXPECT_GE(c.tune_seeds, 1);
+    std::set<int> opts, pairs, multi;
+    bool single = false, soft = false;
+    for (const RegimeSpec& r : c.regimes) {
+      EXPECT_LE(r.heads * r.d, r.width) << regime_name(r);
+      opts.insert(static_cast<int>(r.optimizer));
+      pairs.insert(r.task.pairs);
+      if (r.heads > 1 && r.heads * r.d == r.width) multi.insert(r.d);
+      single = single || (r.heads == 1 && r.d == r.width);
+      soft = soft || r.task.matches > 1;
+    }
+    EXPECT_EQ(opts.size(), 3u);
+    EXPECT_TRUE(single);
+    EXPECT_TRUE(soft);
+    EXPECT_GE(pairs.size(), 3u) << "P must vary";
+    EXPECT_TRUE(multi.count(16)) << "h = D/16 heads at fixed D";
+    ASSERT_LT(c.temperature_regime, c.regimes.size());
+    EXPECT_FALSE(c.alternative_regimes.empty());
+    EXPECT_GE(c.transfer_widths.size(), 2u);
   }
+}
+
+StudyConfig tiny_study() {
+  StudyConfig c;
+  TaskSpec t{8, 4, 4};
+  TaskSpec m = t;
+  m.matches = 3;
+  c.regimes = {{Optimizer::adam, t, 8, 1, 8, "single"},
+               {Optimizer::sgd, t, 8, 2, 4, "heads"},
+               {Optimizer::adam, m, 8, 1, 8, "soft"},
+               {Optimizer::adam, TaskSpec{8, 4, 4}, 4, 1, 4, "single"}};
+  c.lrs = {{0.3, 1.0}, {0.03, 0.1}, {3e-3, 1e-2}};
+  c.eval_seeds = 2;
+  c.steps = 20;
+  c.batch = 8;
+  c.eval_size = 32;
+  c.dense_until = 10;
+  c.dense_every = 5;
+  c.sparse_every = 10;
+  c.temperatures = {2.0};
+  c.alternative_regimes = {0};
+  c.transfer_widths = {4, 8};
+  c.replicates = 200;
+  return c;
+}
+
+TEST(StudyExperiment, SameNumbersForAnyThreadCountAndEveryTable) {
+  LabOptions one, three;
+  one.threads = 1;
+  three.threads = 3;
+  json a, b;
+  run_study(tiny_study(), one, a);
+  run_study(tiny_study(), three, b);
+  EXPECT_EQ(a.dump(), b.dump());
+  for (const char* t : {"study_runs", "study_curves", "study_regimes", "study_temperature",
+                        "study_alternatives", "study_transfer"}) {
+    EXPECT_FALSE(a["tables"][t].empty()) << t;
+  }
+  EXPECT_EQ(a["tables"]["study_regimes"].size(), 4u);
+  // qk-norm, softcap, muP on regime 0, and muP on the other transfer width
+  EXPECT_EQ(a["tables"]["study_alternatives"].size(), 4u);
+  EXPECT_EQ(a["tables"]["study_transfer"].size(), 4u);  // two widths x two parametrisations
+  // Multi-head curves log the dead-row fraction.
+  for (const auto& row : a["tables"]["study_curves"]) ASSERT_TRUE(row.contains("dead_rows"));
 }
 
 }  // namespace
