@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/half.h"
 #include "core/problem.h"
 #include "kernels/decode.h"
 #include "sdpa/array.h"
@@ -64,6 +65,7 @@ void check_dtype(const TensorRef& t, DType dtype, const char* what, const char* 
 // Everything resolve() learns; the caches' pointers are in `decode`.
 struct Resolved {
   detail::DecodeProblem decode;
+  DType q_dtype = DType::float32;  // of q and out (d.dtype is the arithmetic's)
   int64_t L_new = 0, num_blocks = 0, capacity = 0;
   std::vector<int64_t> cached;  // cache_seqlens, one per sequence
   bool paged = false;
@@ -75,16 +77,17 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   detail::DecodeProblem& d = r.decode;
   r.paged = in.block_table != nullptr;
   const char* cache_layout = r.paged ? "(num_blocks, page_size, Hkv, E)" : "(batch, S_max, Hkv, E)";
-  check_float_rank4(q, "q", "(batch, L, Hq, E)");
+  check_float_rank4(q, "q", "(batch, L, Hq, E)", true);
   check_float_rank4(k_cache, "k_cache", cache_layout, true);
   check_float_rank4(v_cache, "v_cache", cache_layout, true);
-  // float64 queries read float64 caches; float32 queries read float32, float16 or bfloat16
-  // caches (widened to float32 in registers).
+  // float64 queries read float64 caches; float32, float16 and bfloat16 queries read float32,
+  // float16 or bfloat16 caches (widened to float32 in registers; the arithmetic is float32's).
   if (q.dtype == DType::float64 || k_cache.dtype == DType::float64) {
     check_dtype(k_cache, q.dtype, "k_cache", "q");
   }
   check_dtype(v_cache, k_cache.dtype, "v_cache", "k_cache");
-  d.dtype = q.dtype;
+  r.q_dtype = q.dtype;
+  d.dtype = q.dtype == DType::float64 ? DType::float64 : DType::float32;
   d.kv_dtype = k_cache.dtype;
   d.batch = q.shape[0];
   d.L = q.shape[1];
@@ -221,7 +224,8 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
 
 void check_outputs(const Resolved& r, const MutableTensorRef& out, const MutableTensorRef* lse) {
   const detail::DecodeProblem& d = r.decode;
-  detail::check_tensor(out, d.dtype, {d.batch, d.L, d.Hq, d.Ev}, "out");
+  // out has q's dtype; lse is float32 for 16-bit queries (as attention_forward's lse).
+  detail::check_tensor(out, r.q_dtype, {d.batch, d.L, d.Hq, d.Ev}, "out");
   if (lse != nullptr) detail::check_tensor(*lse, d.dtype, {d.batch, d.Hq, d.L}, "lse");
 }
 
@@ -277,12 +281,27 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   if (r.L_new > 0) append(r, inputs, k_cache, v_cache);
   if (d.batch * d.L * d.Hq == 0) return;
 
+  // A 16-bit q is widened (exactly) into a float32 copy, and out is computed in float32 and
+  // rounded once to q's dtype: batch * L * Hq values, nothing next to the cache's size.
+  const bool half_q = r.q_dtype == DType::float16 || r.q_dtype == DType::bfloat16;
+  std::vector<float> q32, out32;
+  if (half_q) {
+    const auto nq = static_cast<std::size_t>(d.batch * d.L * d.Hq * d.E);
+    const auto no = static_cast<std::size_t>(d.batch * d.L * d.Hq * d.Ev);
+    const auto* bits = static_cast<const std::uint16_t*>(q.data);
+    q32.resize(nq);
+    out32.resize(no);
+    for (std::size_t i = 0; i < nq; ++i) {
+      q32[i] = r.q_dtype == DType::float16 ? detail::float16_to_float(bits[i])
+                                           : detail::bfloat16_to_float(bits[i]);
+    }
+  }
   // q (batch, L, Hq, E), out (batch, L, Hq, Ev), lse (batch, Hq, L)
-  d.q = q.data;
+  d.q = half_q ? static_cast<const void*>(q32.data()) : q.data;
   d.q_sh = d.E;
   d.q_sl = d.Hq * d.E;
   d.q_sb = d.L * d.Hq * d.E;
-  d.out = out.data;
+  d.out = half_q ? static_cast<void*>(out32.data()) : out.data;
   d.o_sh = d.Ev;
   d.o_sl = d.Hq * d.Ev;
   d.o_sb = d.L * d.Hq * d.Ev;
@@ -301,6 +320,13 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   d.v_row = d.Hkv * d.Ev;
   d.v_page = d.page_size * d.Hkv * d.Ev;
   detail::decode_forward(d);
+  if (half_q) {
+    auto* bits = static_cast<std::uint16_t*>(out.data);
+    for (std::size_t i = 0; i < out32.size(); ++i) {
+      bits[i] = r.q_dtype == DType::float16 ? detail::float_to_float16(out32[i])
+                                            : detail::float_to_bfloat16(out32[i]);
+    }
+  }
 }
 
 }  // namespace sdpa

@@ -645,7 +645,9 @@ namespace {
 // the same (widened) values: the kernel widens exactly while packing and then runs the float32
 // arithmetic, whose accuracy against the reference the sweeps above assert. Paged, with an
 // append, GQA, E = 128 (the compile-time path) and an odd E, on every compiled target.
-void check_half_cache(DType half, int64_t E, std::uint64_t seed) {
+// With a 16-bit q (qdt float16 or bfloat16), q holds values of that dtype and out is the
+// float32 result rounded once to it; lse stays float32 and equal.
+void check_half_cache(DType half, int64_t E, std::uint64_t seed, DType qdt = DType::float32) {
   const int64_t batch = 2, L = 3, Hq = 8, Hkv = 2, page = 16, blocks = 12, L_new = 2;
   const auto to_half = [&](float x) {
     return half == DType::float16 ? sdpa::detail::float_to_float16(x)
@@ -675,6 +677,25 @@ void check_half_cache(DType half, int64_t E, std::uint64_t seed) {
   std::vector<std::uint16_t> vn = make({batch, L_new, Hkv, E}, v32);
   Array q(DType::float32, {batch, L, Hq, E});
   for (int64_t i = 0; i < q.numel(); ++i) q.data_as<float>()[i] = normal(rng);
+  const bool half_q = qdt != DType::float32;
+  const auto q_round = [&](float x) {
+    return qdt == DType::float16 ? sdpa::detail::float_to_float16(x)
+                                 : sdpa::detail::float_to_bfloat16(x);
+  };
+  const auto q_widen = [&](std::uint16_t h) {
+    return qdt == DType::float16 ? sdpa::detail::float16_to_float(h)
+                                 : sdpa::detail::bfloat16_to_float(h);
+  };
+  std::vector<std::uint16_t> qh(static_cast<std::size_t>(q.numel()));
+  if (half_q) {
+    for (int64_t i = 0; i < q.numel(); ++i) {
+      qh[static_cast<std::size_t>(i)] = q_round(q.data_as<float>()[i]);
+      q.data_as<float>()[i] = q_widen(qh[static_cast<std::size_t>(i)]);
+    }
+  }
+  const sdpa::TensorRef q_ref =
+      half_q ? sdpa::TensorRef{qh.data(), qdt, {batch, L, Hq, E}} : q.ref();
+  std::vector<std::uint16_t> outh(static_cast<std::size_t>(batch * L * Hq * E));
   std::vector<int32_t> seqlens = {77, 0}, table(static_cast<std::size_t>(batch * 6));
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 5) % 12);
   const sdpa::Int32TensorRef sl{seqlens.data(), {batch}}, bt{table.data(), {batch, 6}};
@@ -693,7 +714,12 @@ void check_half_cache(DType half, int64_t E, std::uint64_t seed) {
   in.block_table = &bt;
   Array out16(DType::float32, {batch, L, Hq, E}), lse16(DType::float32, {batch, Hq, L});
   const sdpa::MutableTensorRef lse16_ref = lse16.mut();
-  sdpa::attention_with_kvcache(q, kc_ref, vc_ref, in, o, out16.mut(), &lse16_ref);
+  if (half_q) {
+    const sdpa::MutableTensorRef outh_ref{outh.data(), qdt, {batch, L, Hq, E}};
+    sdpa::attention_with_kvcache(q_ref, kc_ref, vc_ref, in, o, outh_ref, &lse16_ref);
+  } else {
+    sdpa::attention_with_kvcache(q_ref, kc_ref, vc_ref, in, o, out16.mut(), &lse16_ref);
+  }
 
   const sdpa::TensorRef k32_ref = k32, v32_ref = v32;
   sdpa::KVCacheInputs in32 = in;
@@ -703,9 +729,16 @@ void check_half_cache(DType half, int64_t E, std::uint64_t seed) {
   const sdpa::MutableTensorRef lse32_ref = lse32.mut();
   sdpa::attention_with_kvcache(q, kc32.mut(), vc32.mut(), in32, o, out32.mut(), &lse32_ref);
 
-  const std::string what = fmt::format("{} E{} target {}", sdpa::dtype_name(half), E,
-                                       sdpa::detail::decode_kernel_target());
-  EXPECT_EQ(std::memcmp(out16.data(), out32.data(), out16.nbytes()), 0) << what;
+  const std::string what =
+      fmt::format("{} cache, {} q, E{} target {}", sdpa::dtype_name(half), sdpa::dtype_name(qdt), E,
+                  sdpa::detail::decode_kernel_target());
+  if (half_q) {
+    for (std::size_t i = 0; i < outh.size(); ++i) {
+      ASSERT_EQ(outh[i], q_round(out32.data_as<float>()[i])) << what << " out " << i;
+    }
+  } else {
+    EXPECT_EQ(std::memcmp(out16.data(), out32.data(), out16.nbytes()), 0) << what;
+  }
   EXPECT_EQ(std::memcmp(lse16.data(), lse32.data(), lse16.nbytes()), 0) << what;
   // The append wrote the new 16-bit rows where the float32 call wrote their widened values.
   for (int64_t i = 0; i < kc32.numel(); ++i) {
@@ -723,6 +756,10 @@ TEST(KVCache, HalfCachesEqualTheirWidenedFloat32OnEveryTarget) {
       check_half_cache(half, 128, 11);
       check_half_cache(half, 33, 12);
     }
+    // 16-bit queries over 16-bit caches (both mixes of the two formats).
+    check_half_cache(DType::bfloat16, 128, 13, DType::bfloat16);
+    check_half_cache(DType::float16, 64, 14, DType::bfloat16);
+    check_half_cache(DType::bfloat16, 33, 15, DType::float16);
   }
   hwy::SetSupportedTargetsForTest(0);
 }
