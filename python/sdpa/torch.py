@@ -103,23 +103,50 @@ def _sum_to(grad, shape):
     return grad.reshape(shape)
 
 
-def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group):
+def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
     """d loss / d attn_mask for an additive mask: dS = P * (dP - rowsum(dO * O)), summed over the
     dimensions the mask was broadcast along (what PyTorch's autograd gives). Formed with torch
-    operations, L x S per head: only computed when the mask itself requires a gradient."""
+    operations, L x S per head: only computed when the mask itself requires a gradient. The
+    mask is added after the softcap and ALiBi, so the softcap's derivative does not enter; the
+    window removes keys like the causal rule; lse includes the sinks; with dropout,
+    dP = z * (dO V^T) with the library's own dropout factors z."""
     if group > 1:
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
     L, S = q.shape[-2], k.shape[-2]
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale + mask.to(q.dtype)
-    if causal != "none":
-        offset = 0 if causal == "upper-left" else S - L
-        allowed = torch.ones(L, S, dtype=torch.bool).tril(offset)
-        s = s.masked_fill(~allowed, -math.inf)
-    lse = lse.unsqueeze(-1)
+    d = S - L
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    cap = variants.get("softcap", 0.0)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    i = torch.arange(L)[:, None]
+    j = torch.arange(S)[None, :]
+    slopes = variants.get("alibi_slopes")
+    if slopes is not None:
+        sl = torch.as_tensor(slopes, dtype=s.dtype)
+        lead = q.shape[:-3]
+        sl = sl.reshape(lead + q.shape[-3:-2]) if sl.dim() == 2 else sl.reshape(q.shape[-3:-2])
+        s = s - sl[..., None, None] * (i + d - j).abs().to(s.dtype)
+    s = s + mask.to(q.dtype)
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if causal == "upper-left":
+        allowed &= j <= i
+    elif causal == "lower-right":
+        allowed &= j <= i + d
+    left, right = variants.get("window_size", (-1, -1))
+    if left >= 0:
+        allowed &= j >= i + d - left
+    if right >= 0:
+        allowed &= j <= i + d + right
+    s = s.masked_fill(~allowed, -math.inf)
+    lse = lse.unsqueeze(-1).to(s.dtype)
     p = torch.exp(s - lse).masked_fill(torch.isneginf(lse), 0.0)  # rows that see no key: 0
     dp = torch.matmul(g, v.transpose(-2, -1))
-    ds = p * (dp - (g * out).sum(-1, keepdim=True))
+    if variants.get("dropout_p", 0.0):
+        B = int(math.prod(q.shape[:-3]))
+        z = _sdpa._dropout_factors(B, q.shape[-3], L, S, variants["dropout_p"], variants["seed"])
+        dp = dp * torch.from_numpy(z).reshape(q.shape[:-1] + (S,)).to(dp.dtype)
+    ds = p * (dp - (g * out).sum(-1, keepdim=True).to(dp.dtype))
     return _sum_to(ds, mask.shape).to(mask.dtype)
 
 
@@ -168,13 +195,10 @@ class _Attention(torch.autograd.Function):
             None if dsinks is None else _describe(dsinks), **kw)
         dmask = None
         if ctx.needs_input_grad[3]:
-            if kw:
-                raise NotImplementedError("attn_mask: its gradient is not implemented with "
-                                          "window_size, softcap, alibi_slopes, sinks or dropout_p")
             E = query.shape[-1]
             s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
             group = query.shape[-3] // key.shape[-3] if query.dim() >= 3 and key.shape[-3] else 1
-            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group)
+            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group, kw)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)
         return dq, dk, dv, dmask, None, None, None, None, None, dsinks, None
