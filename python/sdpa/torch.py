@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _sdpa
 
-__all__ = ["scaled_dot_product_attention", "use", "patch", "unpatch"]
+__all__ = ["scaled_dot_product_attention", "attention_varlen", "use", "patch", "unpatch"]
 
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool",
           torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -265,6 +265,76 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     m = None if attn_mask is None else _last_contiguous(attn_mask)
     return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads), sinks,
                             variants)
+
+
+# ---- variable-length batches ------------------------------------------------------------------
+
+class _Varlen(torch.autograd.Function):
+    """sdpa.attention_varlen with autograd: packed (total, heads, dim) tensors; the backward is
+    sdpa.attention_varlen_backward (the sinks' gradient when sinks require one)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, cu_q, cu_k, max_q, max_k, sinks, kw):
+        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
+        opts = dict(kw)
+        if sinks is not None:
+            opts["sinks"] = sinks.detach().to(torch.float64).numpy()
+        out, lse = _sdpa.attention_varlen(*arrays, cu_q, cu_k, max_q, max_k, return_lse=True,
+                                          **opts)
+        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(query, key, value, out, lse, sinks)
+        ctx.args = (cu_q, cu_k, max_q, max_k, opts)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, out, lse, sinks = ctx.saved_tensors
+        cu_q, cu_k, max_q, max_k, opts = ctx.args
+        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
+        g = grad_out.detach().to(query.dtype).contiguous().numpy()
+        grads = _sdpa.attention_varlen_backward(*arrays, cu_q, cu_k, max_q, max_k, out.numpy(),
+                                                lse.numpy(), g, **opts)
+        dq, dk, dv = (torch.from_numpy(a) for a in grads[:3])
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[7]:
+            dsinks = torch.from_numpy(grads[3]).to(sinks.dtype)
+        return dq, dk, dv, None, None, None, None, dsinks, None
+
+
+def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     *, softmax_scale=None, causal=False, window_size=None, softcap=0.0,
+                     alibi_slopes=None, sinks=None, dropout_p=0.0, seed=None, impl="fast",
+                     threads=0):
+    """sdpa.attention_varlen (FlashAttention's flash_attn_varlen_func) on CPU tensors, with
+    autograd: query (total_q, Hq, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev), float32
+    or float64, one dtype; cu_seqlens_q / cu_seqlens_k the B + 1 offsets (tensors or sequences
+    of ints); sequence b attends only within itself, with every variant keyword of
+    scaled_dot_product_attention (sinks a (Hq,) tensor that gets a gradient; seed None draws
+    one from torch's generator). Returns out (total_q, Hq, Ev)."""
+    for t, what in ((query, "query"), (key, "key"), (value, "value")):
+        _check_tensor(t, what, (torch.float32, torch.float64))
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]}, got key "
+                        f"{_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
+    offsets = lambda c: [int(x) for x in (c.tolist() if isinstance(c, torch.Tensor) else c)]
+    kw = dict(causal=causal, impl=impl, threads=int(threads))
+    if softmax_scale is not None:
+        kw["softmax_scale"] = float(softmax_scale)
+    if window_size is not None:
+        kw["window_size"] = tuple(window_size)
+    if softcap:
+        kw["softcap"] = softcap
+    if alibi_slopes is not None:
+        a = alibi_slopes.detach() if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
+        kw["alibi_slopes"] = torch.as_tensor(a, dtype=torch.float64).numpy()
+    if dropout_p != 0.0:
+        kw["dropout_p"] = dropout_p
+        kw["seed"] = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float64)
+    return _Varlen.apply(query, key, value, offsets(cu_seqlens_q), offsets(cu_seqlens_k),
+                         int(max_seqlen_q), int(max_seqlen_k), sinks, kw)
 
 
 # ---- routing an existing model through sdpa ---------------------------------------------------

@@ -248,6 +248,33 @@ def test_varlen_same_bits_for_any_thread_count():
             assert a.tobytes() == b.tobytes()
 
 
+def test_torch_varlen_autograd():
+    # sdpa.torch.attention_varlen: out and every gradient (the sinks' included) are those of
+    # the NumPy functions, which the tests above check against composites.
+    lq, lk = [6, 0, 33], [10, 3, 40]
+    q, cu_q = pack(lq, 4, 8, 51)
+    k, cu_k = pack(lk, 2, 8, 52)
+    v, _ = pack(lk, 2, 8, 53)
+    g, _ = pack(lq, 4, 8, 54)
+    sinks = np.array([0.2, -0.4, 1.0, 0.0])
+    kw = dict(causal=True, window_size=(12, 1), softcap=2.0, dropout_p=0.25, seed=4,
+              alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]))
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    ts = torch.tensor(sinks, requires_grad=True)
+    out = st.attention_varlen(tq, tk, tv, torch.tensor(cu_q), cu_k, 33, 40, sinks=ts, **kw)
+    out.backward(torch.tensor(g))
+    want, lse = sdpa.attention_varlen(q, k, v, cu_q, cu_k, 33, 40, return_lse=True, sinks=sinks,
+                                      **kw)
+    grads = sdpa.attention_varlen_backward(q, k, v, cu_q, cu_k, 33, 40, want, lse, g,
+                                           sinks=sinks, **kw)
+    assert np.array_equal(out.detach().numpy(), want)
+    for t, w in zip((tq, tk, tv, ts), grads):
+        assert np.array_equal(t.grad.numpy(), w)
+    assert np.abs(grads[0]).max() > 0 and np.abs(grads[3]).max() > 0
+    with pytest.raises(TypeError, match="query"):
+        st.attention_varlen(tq.int(), tk, tv, cu_q, cu_k, 33, 40)
+
+
 @pytest.mark.parametrize("cu_q, fragment", [
     ([1, 3, 6], "cu_seqlens_q: expected the first offset to be 0"),
     ([0, 4, 3, 6], "cu_seqlens_q: expected non-decreasing offsets"),
