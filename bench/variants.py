@@ -4,7 +4,9 @@ module: a sliding window against full attention, softcap / ALiBi / sinks / dropo
 attention, and a variable-length batch against one sequence of the same work.
 
 Each comparison alternates its two sides for --rounds rounds (these are shared virtual machines:
-a neighbour's load moves both alike) and reports the median of each side's times.
+a neighbour's load moves both alike) and reports the median of each side's wall-clock times and
+their ratio, and the ratio of the medians of process CPU time (steadier under load, blind to
+serial parts and idle threads).
 
 Usage: PYTHONPATH=build/python bench/variants.py [--threads 2] [--rounds 3] [--quick] [--json]
 --quick shrinks the shapes (the window case to N = 4096, window 256) for a smoke run.
@@ -20,10 +22,13 @@ import numpy as np
 import sdpa
 
 
+CPU = {}  # the last alternate()'s medians of process CPU time: (baseline, variant)
+
+
 def timed(f):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     f()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def alternate(a, b, rounds):
@@ -31,7 +36,8 @@ def alternate(a, b, rounds):
     for _ in range(rounds):
         ta.append(timed(a))
         tb.append(timed(b))
-    return statistics.median(ta), statistics.median(tb)
+    CPU["last"] = (statistics.median(x[1] for x in ta), statistics.median(x[1] for x in tb))
+    return statistics.median(x[0] for x in ta), statistics.median(x[0] for x in tb)
 
 
 def main():
@@ -48,11 +54,14 @@ def main():
 
     def report(name, base, t_base, t_var, goal):
         ratio = t_var / t_base
+        c_base, c_var = CPU["last"]
+        cpu_ratio = c_var / c_base if c_base > 0 else float("nan")
         rows.append({"case": name, "baseline": base, "baseline_s": t_base, "variant_s": t_var,
-                     "ratio": ratio, "goal": goal})
+                     "ratio": ratio, "baseline_cpu_s": c_base, "variant_cpu_s": c_var,
+                     "cpu_ratio": cpu_ratio, "goal": goal})
         if not args.json:
             print(f"{name:44s} {t_base * 1e3:9.1f} ms {t_var * 1e3:9.1f} ms  ratio {ratio:6.3f}"
-                  f"  (goal {goal})", file=sys.stderr if args.json else sys.stdout, flush=True)
+                  f"  CPU-time ratio {cpu_ratio:6.3f}  (goal {goal})", flush=True)
 
     # 1. Sliding window vs full attention, forward and backward.
     N, W = (4096, 256) if args.quick else (16384, 1024)

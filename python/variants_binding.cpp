@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/variants.h"
 #include "sdpa/sdpa.h"
 #include "sdpa/varlen.h"
 
@@ -276,9 +277,37 @@ constexpr const char* kVarlenBackwardDoc =
 out and lse are attention_varlen's (return_lse=True) for the same inputs and options.
 )doc";
 
+// The dropout factors (0 or 1 / (1 - p)) that every implementation draws for batch b (flattened
+// leading dimensions), head h, query i and key j: (B, H, L, S) float64. sdpa.torch forms the
+// gradient of an attention mask with them.
+py::array_t<double> dropout_factors(std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t S,
+                                    double p, std::uint64_t seed) {
+  for (auto [n, what] : {std::pair{B, "B"}, {H, "H"}, {L, "L"}, {S, "S"}}) {
+    if (n < 0) {
+      throw sdpa::Error(sdpa::ErrorKind::bad_value, what,
+                        "expected a size >= 0, got " + std::to_string(n));
+    }
+  }
+  if (!(p >= 0.0 && p < 1.0)) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_value, "dropout_p",
+                      "expected a probability in [0, 1), got " + std::to_string(p));
+  }
+  py::array_t<double> out({B, H, L, S});
+  sdpa::detail::Variants v;
+  v.dropout_p = p;
+  v.seed = seed;
+  double* f = out.mutable_data();
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < L; ++i, f += S) sdpa::detail::dropout_row(v, b, h, i, 0, S, f);
+  return out;
+}
+
 }  // namespace
 
 void bind_variants(py::module_& m) {
+  m.def("_dropout_factors", &dropout_factors, py::arg("B"), py::arg("H"), py::arg("L"),
+        py::arg("S"), py::arg("dropout_p"), py::arg("seed"));
   m.def("attention_varlen", &varlen_forward, kVarlenDoc, py::arg("query"), py::arg("key"),
         py::arg("value"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
         py::arg("max_seqlen_k"), py::kw_only(), py::arg("softmax_scale") = py::none(),

@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string impl = "fast";
   std::string dtype = "float32";
   std::string kv_dtype = "float32";
+  std::vector<std::int64_t> window;  // --window LEFT,RIGHT
   bool peak = false;
   bool json = false;
 #ifdef SDPA_HAS_MPI
@@ -36,6 +37,7 @@ void print_human(const nlohmann::json& j) {
                            j["kv_heads"].get<std::int64_t>(), j["seq"].get<std::int64_t>(),
                            j["kv_seq"].get<std::int64_t>(), j["dim"].get<std::int64_t>(),
                            j["value_dim"].get<std::int64_t>(), j["causal"].get<std::string>());
+  if (j.contains("variants")) std::cout << "  variants: " << j["variants"].dump() << "\n";
   std::cout << fmt::format("  seconds: median {:.6f}  min {:.6f}  max {:.6f}  ({} runs)\n",
                            j["seconds_median"].get<double>(), j["seconds_min"].get<double>(),
                            j["seconds_max"].get<double>(), j["repeat"].get<int>());
@@ -110,6 +112,16 @@ void add_bench_command(CLI::App& app) {
       ->check(threads_validator())
       ->capture_default_str();
   cmd->add_option("--repeat", c.repeat, "timed runs after one warm-up")->capture_default_str();
+  cmd->add_option("--window", a->window,
+                  "LEFT,RIGHT: sliding window (keys i + S - L - LEFT .. i + S - L + RIGHT; -1 "
+                  "unbounded); GFLOP/s count the visible pairs")
+      ->delimiter(',')
+      ->expected(2);
+  cmd->add_option("--softcap", c.softcap, "logit softcap c (0: off)");
+  cmd->add_flag("--alibi", c.alibi, "ALiBi with BLOOM's slopes 2^(-8 (h + 1) / H)");
+  cmd->add_flag("--sinks", c.sinks, "one sink logit (0) per head");
+  cmd->add_option("--dropout", c.dropout_p, "dropout probability p in [0, 1)");
+  cmd->add_option("--seed", c.seed, "the dropout's seed")->capture_default_str();
   cmd->add_flag("--kv-cache", c.kv_cache,
                 "time attention_with_kvcache (decode): q (batch, seq, heads, dim) over a cache "
                 "of --kv-seq rows per sequence (or --kv-lens); --seq defaults to 1 here; prints "
@@ -158,6 +170,10 @@ void add_bench_command(CLI::App& app) {
       }
       return;
     }
+    if (a->window.size() == 2) {
+      a->config.window_left = a->window[0];
+      a->config.window_right = a->window[1];
+    }
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
     a->config.dtype = a->dtype == "bfloat16"  ? DType::bfloat16
@@ -168,6 +184,12 @@ void add_bench_command(CLI::App& app) {
       return run_context_parallel_bench(a->config, a->context_parallel, a->json);
     }
 #endif
+    if (a->config.kv_cache && (!a->window.empty() || a->config.softcap != 0.0 || a->config.alibi ||
+                               a->config.sinks || a->config.dropout_p != 0.0)) {
+      throw Error(
+          "--kv-cache: expected without --window, --softcap, --alibi, --sinks or "
+          "--dropout (the decode path serves plain attention)");
+    }
     if (a->config.kv_cache) {
       if (cmd->count("--seq") == 0) a->config.seq = 1;
       a->config.kv_dtype = a->kv_dtype == "float16"    ? DType::float16

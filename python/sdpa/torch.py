@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _sdpa
 
-__all__ = ["scaled_dot_product_attention", "use", "patch", "unpatch"]
+__all__ = ["scaled_dot_product_attention", "attention_varlen", "use", "patch", "unpatch"]
 
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool",
           torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -103,23 +103,50 @@ def _sum_to(grad, shape):
     return grad.reshape(shape)
 
 
-def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group):
+def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
     """d loss / d attn_mask for an additive mask: dS = P * (dP - rowsum(dO * O)), summed over the
     dimensions the mask was broadcast along (what PyTorch's autograd gives). Formed with torch
-    operations, L x S per head: only computed when the mask itself requires a gradient."""
+    operations, L x S per head: only computed when the mask itself requires a gradient. The
+    mask is added after the softcap and ALiBi, so the softcap's derivative does not enter; the
+    window removes keys like the causal rule; lse includes the sinks; with dropout,
+    dP = z * (dO V^T) with the library's own dropout factors z."""
     if group > 1:
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
     L, S = q.shape[-2], k.shape[-2]
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale + mask.to(q.dtype)
-    if causal != "none":
-        offset = 0 if causal == "upper-left" else S - L
-        allowed = torch.ones(L, S, dtype=torch.bool).tril(offset)
-        s = s.masked_fill(~allowed, -math.inf)
-    lse = lse.unsqueeze(-1)
+    d = S - L
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    cap = variants.get("softcap", 0.0)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    i = torch.arange(L)[:, None]
+    j = torch.arange(S)[None, :]
+    slopes = variants.get("alibi_slopes")
+    if slopes is not None:
+        sl = torch.as_tensor(slopes, dtype=s.dtype)
+        lead = q.shape[:-3]
+        sl = sl.reshape(lead + q.shape[-3:-2]) if sl.dim() == 2 else sl.reshape(q.shape[-3:-2])
+        s = s - sl[..., None, None] * (i + d - j).abs().to(s.dtype)
+    s = s + mask.to(q.dtype)
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if causal == "upper-left":
+        allowed &= j <= i
+    elif causal == "lower-right":
+        allowed &= j <= i + d
+    left, right = variants.get("window_size", (-1, -1))
+    if left >= 0:
+        allowed &= j >= i + d - left
+    if right >= 0:
+        allowed &= j <= i + d + right
+    s = s.masked_fill(~allowed, -math.inf)
+    lse = lse.unsqueeze(-1).to(s.dtype)
     p = torch.exp(s - lse).masked_fill(torch.isneginf(lse), 0.0)  # rows that see no key: 0
     dp = torch.matmul(g, v.transpose(-2, -1))
-    ds = p * (dp - (g * out).sum(-1, keepdim=True))
+    if variants.get("dropout_p", 0.0):
+        B = int(math.prod(q.shape[:-3]))
+        z = _sdpa._dropout_factors(B, q.shape[-3], L, S, variants["dropout_p"], variants["seed"])
+        dp = dp * torch.from_numpy(z).reshape(q.shape[:-1] + (S,)).to(dp.dtype)
+    ds = p * (dp - (g * out).sum(-1, keepdim=True).to(dp.dtype))
     return _sum_to(ds, mask.shape).to(mask.dtype)
 
 
@@ -168,13 +195,10 @@ class _Attention(torch.autograd.Function):
             None if dsinks is None else _describe(dsinks), **kw)
         dmask = None
         if ctx.needs_input_grad[3]:
-            if kw:
-                raise NotImplementedError("attn_mask: its gradient is not implemented with "
-                                          "window_size, softcap, alibi_slopes, sinks or dropout_p")
             E = query.shape[-1]
             s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
             group = query.shape[-3] // key.shape[-3] if query.dim() >= 3 and key.shape[-3] else 1
-            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group)
+            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group, kw)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)
         return dq, dk, dv, dmask, None, None, None, None, None, dsinks, None
@@ -241,6 +265,76 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     m = None if attn_mask is None else _last_contiguous(attn_mask)
     return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads), sinks,
                             variants)
+
+
+# ---- variable-length batches ------------------------------------------------------------------
+
+class _Varlen(torch.autograd.Function):
+    """sdpa.attention_varlen with autograd: packed (total, heads, dim) tensors; the backward is
+    sdpa.attention_varlen_backward (the sinks' gradient when sinks require one)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, cu_q, cu_k, max_q, max_k, sinks, kw):
+        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
+        opts = dict(kw)
+        if sinks is not None:
+            opts["sinks"] = sinks.detach().to(torch.float64).numpy()
+        out, lse = _sdpa.attention_varlen(*arrays, cu_q, cu_k, max_q, max_k, return_lse=True,
+                                          **opts)
+        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(query, key, value, out, lse, sinks)
+        ctx.args = (cu_q, cu_k, max_q, max_k, opts)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, out, lse, sinks = ctx.saved_tensors
+        cu_q, cu_k, max_q, max_k, opts = ctx.args
+        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
+        g = grad_out.detach().to(query.dtype).contiguous().numpy()
+        grads = _sdpa.attention_varlen_backward(*arrays, cu_q, cu_k, max_q, max_k, out.numpy(),
+                                                lse.numpy(), g, **opts)
+        dq, dk, dv = (torch.from_numpy(a) for a in grads[:3])
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[7]:
+            dsinks = torch.from_numpy(grads[3]).to(sinks.dtype)
+        return dq, dk, dv, None, None, None, None, dsinks, None
+
+
+def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     *, softmax_scale=None, causal=False, window_size=None, softcap=0.0,
+                     alibi_slopes=None, sinks=None, dropout_p=0.0, seed=None, impl="fast",
+                     threads=0):
+    """sdpa.attention_varlen (FlashAttention's flash_attn_varlen_func) on CPU tensors, with
+    autograd: query (total_q, Hq, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev), float32
+    or float64, one dtype; cu_seqlens_q / cu_seqlens_k the B + 1 offsets (tensors or sequences
+    of ints); sequence b attends only within itself, with every variant keyword of
+    scaled_dot_product_attention (sinks a (Hq,) tensor that gets a gradient; seed None draws
+    one from torch's generator). Returns out (total_q, Hq, Ev)."""
+    for t, what in ((query, "query"), (key, "key"), (value, "value")):
+        _check_tensor(t, what, (torch.float32, torch.float64))
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]}, got key "
+                        f"{_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
+    offsets = lambda c: [int(x) for x in (c.tolist() if isinstance(c, torch.Tensor) else c)]
+    kw = dict(causal=causal, impl=impl, threads=int(threads))
+    if softmax_scale is not None:
+        kw["softmax_scale"] = float(softmax_scale)
+    if window_size is not None:
+        kw["window_size"] = tuple(window_size)
+    if softcap:
+        kw["softcap"] = softcap
+    if alibi_slopes is not None:
+        a = alibi_slopes.detach() if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
+        kw["alibi_slopes"] = torch.as_tensor(a, dtype=torch.float64).numpy()
+    if dropout_p != 0.0:
+        kw["dropout_p"] = dropout_p
+        kw["seed"] = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float64)
+    return _Varlen.apply(query, key, value, offsets(cu_seqlens_q), offsets(cu_seqlens_k),
+                         int(max_seqlen_q), int(max_seqlen_k), sinks, kw)
 
 
 # ---- routing an existing model through sdpa ---------------------------------------------------

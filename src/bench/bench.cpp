@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -137,6 +138,17 @@ nlohmann::json run_bench(const BenchConfig& config) {
   options.enable_gqa = Hkv != H;
   options.impl = config.impl;
   options.threads = threads;
+  options.window_left = config.window_left;
+  options.window_right = config.window_right;
+  options.softcap = config.softcap;
+  if (config.alibi) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      options.alibi_slopes.push_back(std::exp2(-8.0 * double(h + 1) / double(H)));
+    }
+  }
+  if (config.sinks) options.sinks.assign(static_cast<std::size_t>(H), 0.0);
+  options.dropout_p = config.dropout_p;
+  options.seed = config.seed;
 
   const DType dt = config.dtype;  // inputs drawn in float32, rounded once to dt
   const Array q = random_normal({B, H, L, E}, 1).astype(dt);
@@ -178,6 +190,21 @@ nlohmann::json run_bench(const BenchConfig& config) {
   // backward 2.5 times that (the usual convention: 5 products instead of 2).
   double flops = 2.0 * double(B) * double(H) * double(L) * double(S) * double(E + Ev);
   if (config.causal != Causal::none) flops *= 0.5;
+  const bool window = config.window_left >= 0 || config.window_right >= 0;
+  if (window) {  // the visible pairs, row by row (keys [i + d - left, i + d + right] and causal)
+    double pairs = 0.0;
+    const std::int64_t d = S - L;
+    for (std::int64_t i = 0; i < L; ++i) {
+      std::int64_t lo = config.window_left >= 0 ? i + d - config.window_left : 0;
+      std::int64_t hi = config.window_right >= 0 ? i + d + config.window_right : S - 1;
+      if (config.causal == Causal::upper_left) hi = std::min(hi, i);
+      if (config.causal == Causal::lower_right) hi = std::min(hi, i + d);
+      lo = std::max<std::int64_t>(lo, 0);
+      hi = std::min(hi, S - 1);
+      if (hi >= lo) pairs += double(hi - lo + 1);
+    }
+    flops = 2.0 * double(B) * double(H) * pairs * double(E + Ev);
+  }
   if (config.backward) flops *= 2.5;
   const PeakResult peak_result = measure_peak(threads);
   const double peak = peak_result.wall_gflops;
@@ -201,6 +228,15 @@ nlohmann::json run_bench(const BenchConfig& config) {
                    B, H, Hkv, L, S, E, Ev, causal_name(config.causal), threads, config.repeat},
                   seconds);
   j["flops"] = flops;
+  if (options.window_left >= 0 || options.window_right >= 0 || options.softcap > 0.0 ||
+      config.alibi || config.sinks || options.dropout_p > 0.0) {
+    j["variants"] = {{"window", {options.window_left, options.window_right}},
+                     {"softcap", options.softcap},
+                     {"alibi", config.alibi},
+                     {"sinks", config.sinks},
+                     {"dropout_p", options.dropout_p},
+                     {"seed", options.seed}};
+  }
   j["gflops_median"] = gflops;
   j["gflops_best"] = flops / sorted.front() * 1e-9;
   j["peak_gflops"] = peak;

@@ -29,6 +29,15 @@ struct BenchConfig {
   std::int64_t page_size = 0;
   std::vector<std::int64_t> kv_lens;
   DType kv_dtype = DType::float32;  // of the caches: float32, float16 or bfloat16
+  // Attention variants (docs/variants.md), run_bench only: a sliding window (-1: unbounded
+  // side), a logit softcap (0: off), ALiBi with BLOOM's slopes 2^(-8 (h + 1) / H), one sink
+  // logit of 0 per head, dropout with its seed. With a window, the FLOP count is that of the
+  // (query, key) pairs the window and the causal rule leave visible.
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  bool alibi = false, sinks = false;
+  double dropout_p = 0.0;
+  std::uint64_t seed = 0;
 };
 
 /// Times the configuration (allocation and a warm-up outside the timed loop) and returns the

@@ -460,6 +460,7 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
     // Only tiles that straddle the diagonal or a window edge, the last (short) tile, or a user
     // mask need the per-element masking pass.
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
+    const flash::ColumnSpan cols = flash::visible_columns(p, l0, rows, s0, kc, kKeyTile, kPad<T>);
     const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
     const T* v = sh.v.row(b, hkv, s0);
     const int64_t v_ld = sh.v.sl;
@@ -469,8 +470,9 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
       T* acc = w.acc + g * kQueryTile * ldv;
       T* rmax = w.rmax + g * kQueryTile;
       T* rsum = w.rsum + g * kQueryTile;
-      // pass 1: S = (scale * Q) K^T
-      Gemm<false>(rows, kKeyTile, E, w.qs + g * kQueryTile * E, E, 1, kt, kKeyTile, w.s, kKeyTile);
+      // pass 1: S = (scale * Q) K^T, on the columns some row sees (flash::visible_columns)
+      Gemm<false>(rows, static_cast<size_t>(cols.end - cols.begin), E, w.qs + g * kQueryTile * E, E,
+                  1, kt + cols.begin, kKeyTile, w.s + cols.begin, kKeyTile);
       // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
       for (int64_t r = 0; r < rows; ++r) {
         T* srow = w.s + r * kKeyTile;
@@ -486,8 +488,9 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
           ApplyDropout(kc, w.drop, srow);
         }
       }
-      // pass 3: acc += P V
-      AccumulatePV(rows, ldv, kc, w.s, v, v_ld, v_unsafe, acc);
+      // pass 3: acc += P V (P is 0 outside the visible columns: skipping it changes no bit)
+      AccumulatePV(rows, ldv, std::min(kc, cols.end) - cols.begin, w.s + cols.begin,
+                   v + cols.begin * v_ld, v_ld, v_unsafe, acc);
     }
   }
 
@@ -877,19 +880,24 @@ struct BackwardScratch {
 //                                      exp(S - m) / l for rows that are renormalised)
 //   dP = dO V^T
 //   dS = P * (dP - D),  D = rowsum(dO * O)     (the forward's out = P V differentiated)
+// S and dP are formed on the columns some row sees (flash::visible_columns; P and dS are exactly
+// 0 elsewhere): returned clipped to the tile's keys, [begin, min(end, kc)), for the products
+// that follow, which may skip the rest without changing a bit.
 template <typename T>
-void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
-                          const BackwardScratch<T>& w, int64_t b, int64_t h, int64_t l0,
-                          int64_t rows, int64_t bh, int64_t j) {
+flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
+                                       const BackwardScratch<T>& w, int64_t b, int64_t h,
+                                       int64_t l0, int64_t rows, int64_t bh, int64_t j) {
   const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
   const int64_t row0 = (b * p.Hq + h) * p.L + l0;
   const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
   const Variants& var = p.variants;
   const bool softcap = var.softcap > 0.0;
   const int64_t tile = bh * sh.nkt + j;
+  const flash::ColumnSpan cols = flash::visible_columns(p, l0, rows, s0, kc, kKeyTile, kPad<T>);
+  const auto ncols = static_cast<size_t>(cols.end - cols.begin);
   if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
-    Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + tile * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+    Gemm<false>(rows, ncols, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
+                sh.kt + tile * p.E * kKeyTile + cols.begin, kKeyTile, w.p + cols.begin, kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
@@ -914,8 +922,8 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     if (inv != T(1)) ScaleRow(prow, kKeyTile, inv);
   }
   if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
-    Gemm<false>(rows, kKeyTile, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
-                sh.vt + tile * p.Ev * kKeyTile, kKeyTile, w.ds, kKeyTile);
+    Gemm<false>(rows, ncols, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
+                sh.vt + tile * p.Ev * kKeyTile + cols.begin, kKeyTile, w.ds + cols.begin, kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
@@ -938,6 +946,7 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
       }
     }
   }
+  return {cols.begin, std::max(cols.begin, std::min(cols.end, kc))};
 }
 
 // The running max m and sum l of each row of one query tile, recomputed over the key tiles the
@@ -1014,9 +1023,12 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
     for (int64_t i = qtiles.begin; i < qtiles.end; ++i) {
       const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
       const int64_t row0 = (b * p.Hq + h) * p.L + l0;
-      ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-      Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc, ldo);
-      Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
+      const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+      const auto n = static_cast<size_t>(c.end - c.begin);
+      Gemm<true>(n, ldo, rows, w.p + c.begin, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl,
+                 w.dv_acc + c.begin * ldo, ldo);
+      Gemm<true>(n, ldq, rows, w.ds + c.begin, 1, kKeyTile, sh.qs + row0 * ldq, ldq,
+                 w.dk_acc + c.begin * ldq, ldq);
     }
   }
   WriteKeyGradients(p, w, b, hkv, s0, kc, ldq, ldo);
@@ -1032,13 +1044,14 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
   std::fill_n(w.dq_acc, rows * ldq, T(0));
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
-    const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
-    ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-    const T* k = sh.k.row(b, hkv, s0);
+    const int64_t s0 = j * kKeyTile;
+    const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+    const int64_t n = c.end - c.begin;
+    const T* k = sh.k.row(b, hkv, s0 + c.begin);
     if (sh.k_unsafe[bh * sh.nkt + j] != 0) {
-      GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
+      GemmSkipZeros(rows, ldq, n, w.ds + c.begin, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
     } else {
-      Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
+      Gemm<true>(rows, ldq, n, w.ds + c.begin, kKeyTile, 1, k, sh.k.sl, w.dq_acc, ldq);
     }
   }
   const T scale = static_cast<T>(p.scale);
@@ -1072,15 +1085,19 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
       for (int64_t i = qtiles.begin; i < qtiles.end; ++i) {
         const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
         const int64_t row0 = (b * p.Hq + h) * L + l0;
-        ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-        Gemm<true>(kc, ldo, rows, w.p, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc,
-                   ldo);
-        Gemm<true>(kc, ldq, rows, w.ds, 1, kKeyTile, sh.qs + row0 * ldq, ldq, w.dk_acc, ldq);
+        const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+        const int64_t n = c.end - c.begin;
+        Gemm<true>(static_cast<size_t>(n), ldo, rows, w.p + c.begin, 1, kKeyTile,
+                   sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc + c.begin * ldo, ldo);
+        Gemm<true>(static_cast<size_t>(n), ldq, rows, w.ds + c.begin, 1, kKeyTile,
+                   sh.qs + row0 * ldq, ldq, w.dk_acc + c.begin * ldq, ldq);
         T* dq_rows = dq_acc + (g * L + l0) * ldq;
         if (k_unsafe) {
-          GemmSkipZeros(rows, ldq, kc, w.ds, kKeyTile, 1, k, k_ld, dq_rows, ldq);
+          GemmSkipZeros(rows, ldq, n, w.ds + c.begin, kKeyTile, 1, k + c.begin * k_ld, k_ld,
+                        dq_rows, ldq);
         } else {
-          Gemm<true>(rows, ldq, kc, w.ds, kKeyTile, 1, k, k_ld, dq_rows, ldq);
+          Gemm<true>(rows, ldq, n, w.ds + c.begin, kKeyTile, 1, k + c.begin * k_ld, k_ld, dq_rows,
+                     ldq);
         }
       }
     }

@@ -91,6 +91,27 @@ inline bool tile_needs_mask(const Problem& p, std::int64_t l0, std::int64_t rows
   return p.key_range(l0 + rows - 1).first > s0 || p.key_range(l0).last < s0 + kc - 1;
 }
 
+/// The columns [begin, end) of a key tile (keys s0 .. s0 + kc - 1, width columns) that some row
+/// of l0 .. l0 + rows - 1 can see, widened to whole blocks of `block` columns (64 bytes: every
+/// product's N must be a multiple of the vector length): the products of a tile may skip the
+/// rest, which mask_row sets to -inf (so P is exactly 0 there). A window's edge tiles are often
+/// half invisible to every row (1024 keys in 64 x 128 tiles: the left edge when l0 = 64 mod 128,
+/// the right edge when l0 = 0 mod 128), as is every other causal diagonal tile. The ends of
+/// key_range are non-decreasing in the row, so the first row's first and the last row's last
+/// bound the tile. Empty (begin == end) when no row sees any key of the tile.
+struct ColumnSpan {
+  std::int64_t begin = 0, end = 0;
+};
+inline ColumnSpan visible_columns(const Problem& p, std::int64_t l0, std::int64_t rows,
+                                  std::int64_t s0, std::int64_t kc, std::int64_t width,
+                                  std::int64_t block) {
+  const std::int64_t first = std::clamp<std::int64_t>(p.key_range(l0).first - s0, 0, kc);
+  const std::int64_t last =
+      std::clamp<std::int64_t>(p.key_range(l0 + rows - 1).last - s0 + 1, first, kc);
+  if (last == first) return {0, 0};
+  return {first / block * block, std::min(width, round_up(last, block))};
+}
+
 /// row[c] += mk[c * stride] for c < n, with the rules for -inf, +inf and values below T's
 /// range that mask_row states. The sum is formed in double and rounded once.
 template <class T, class M>

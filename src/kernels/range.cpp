@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "core/half.h"
 #include "kernels/kernels.h"
@@ -93,7 +95,7 @@ namespace {
 // exponent-all-ones patterns of inf and NaN), scanned by a scalar loop: one read of a tensor half
 // the size of a float32 one.
 double max_finite_abs(const InputView& v, std::int64_t B, std::int64_t H, std::int64_t L,
-                      std::int64_t width) {
+                      std::int64_t width, int threads) {
   if (v.dtype == DType::float16 || v.dtype == DType::bfloat16) {
     const bool f16 = v.dtype == DType::float16;
     const std::uint16_t inf = f16 ? 0x7c00 : 0x7f80;
@@ -106,10 +108,25 @@ double max_finite_abs(const InputView& v, std::int64_t B, std::int64_t H, std::i
     });
     return f16 ? float16_to_float(best) : bfloat16_to_float(best);
   }
-  double m = 0.0;
+  // Pieces of at most 2^18 floats (1 MiB), shared out among the threads: a maximum does not
+  // depend on the order it is taken in. Read by one thread, these scans (three 32 MiB tensors at
+  // (1,8,16384,64)) were a serial part of calls whose own work is small: a sliding window of
+  // 1024 keys does 1/14 of full attention's.
+  constexpr std::int64_t kPiece = std::int64_t{1} << 18;
+  std::vector<std::pair<const float*, std::int64_t>> pieces;
   for_each_run<float>(v, B, H, L, width, [&](const float* x, std::int64_t n) {
-    m = std::max<double>(m, HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(x, n, true));
+    for (std::int64_t i = 0; i < n; i += kPiece)
+      pieces.emplace_back(x + i, std::min(kPiece, n - i));
   });
+  const auto count = static_cast<std::int64_t>(pieces.size());
+  double m = 0.0;
+#pragma omp parallel for schedule(static) reduction(max  \
+                                                    : m) \
+    num_threads(threads) if (threads > 1 && count > 1)
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto& [x, n] = pieces[static_cast<std::size_t>(i)];
+    m = std::max<double>(m, HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(x, n, true));
+  }
   return m;
 }
 
@@ -131,9 +148,9 @@ double max_positive_mask(const MaskView& m) {
 
 bool float32_may_overflow(const Problem& p, const void* grad_out) {
   constexpr double kLimit = 1e36;
-  const double mq = max_finite_abs(p.q, p.B, p.Hq, p.L, p.E);
-  const double mk = max_finite_abs(p.k, p.B, p.Hkv, p.S, p.E);
-  const double mv = max_finite_abs(p.v, p.B, p.Hkv, p.S, p.Ev);
+  const double mq = max_finite_abs(p.q, p.B, p.Hq, p.L, p.E, p.threads);
+  const double mk = max_finite_abs(p.k, p.B, p.Hkv, p.S, p.E, p.threads);
+  const double mv = max_finite_abs(p.v, p.B, p.Hkv, p.S, p.Ev, p.threads);
   const double scale = std::fabs(p.scale);
   const double L = static_cast<double>(p.L), S = static_cast<double>(p.S);
   const double E = static_cast<double>(p.E), Ev = static_cast<double>(p.Ev);
@@ -158,7 +175,7 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   if (g.data != grad_out) {
     g = InputView{grad_out, DType::float32, p.Hq * p.L * p.Ev, p.L * p.Ev, p.Ev};
   }
-  const double mdo = max_finite_abs(g, p.B, p.Hq, p.L, p.Ev);
+  const double mdo = max_finite_abs(g, p.B, p.Hq, p.L, p.Ev, p.threads);
   const double rows = L * static_cast<double>(p.group);
   const double ds = 2 * Ev * mdo * mv;
   return ds > kLimit || sc * S * ds * mk > kLimit || sc * rows * ds * mq > kLimit ||

@@ -118,6 +118,44 @@ def test_torch_autograd_with_sinks():
         (sinks.detach().clone().requires_grad_(),))
 
 
+def test_torch_mask_gradient_with_every_variant():
+    # A float mask that requires grad, broadcast over the batch, together with a window,
+    # softcap, per-batch ALiBi, sinks (with their gradient), dropout and GQA: every gradient
+    # against torch.autograd through a composite that draws the library's dropout factors.
+    B, H, Hkv, L, S, E = 2, 4, 2, 20, 31, 8
+    q, k, v, g = (torch.tensor(rand(*shape, seed=40 + n), requires_grad=n < 3)
+                  for n, shape in enumerate([(B, H, L, E), (B, Hkv, S, E), (B, Hkv, S, E),
+                                             (B, H, L, E)]))
+    mask = torch.tensor(0.5 * rand(1, H, L, S, seed=45), requires_grad=True)
+    sinks = torch.tensor([0.3, -0.5, 1.0, 0.0], dtype=torch.float64, requires_grad=True)
+    slopes = np.arange(1, 9).reshape(B, H) / 10.0
+    kw = dict(window_size=(9, 2), softcap=3.0, alibi_slopes=slopes, dropout_p=0.3, seed=12)
+    out = st.scaled_dot_product_attention(q, k, v, attn_mask=mask, causal="lower-right",
+                                          enable_gqa=True, sinks=sinks, **kw)
+    out.backward(g)
+    got = [t.grad.clone() for t in (q, k, v, mask, sinks)]
+    for t in (q, k, v, mask, sinks):
+        t.grad = None
+    z = torch.from_numpy(sdpa._sdpa._dropout_factors(B, H, L, S, 0.3, 12))
+    assert 0.2 < float((z == 0).double().mean()) < 0.4
+    kk, vv = k.repeat_interleave(2, -3), v.repeat_interleave(2, -3)
+    s = (q @ kk.transpose(-1, -2)) / np.sqrt(E)
+    s = 3.0 * torch.tanh(s / 3.0)
+    i = torch.arange(L, dtype=torch.float64)[:, None]
+    j = torch.arange(S, dtype=torch.float64)[None, :]
+    d = S - L
+    s = s - torch.tensor(slopes)[:, :, None, None] * (i + d - j).abs() + mask
+    vis = (j <= i + d) & (j >= i + d - 9) & (j <= i + d + 2)
+    s = s.masked_fill(~vis, float("-inf"))
+    full = torch.cat([s, sinks.reshape(1, H, 1, 1).expand(B, H, L, 1)], -1)
+    p = torch.softmax(full, -1)[..., :-1]
+    want = (p * z) @ vv
+    assert (out - want).abs().max() < 1e-10
+    want.backward(g)
+    for a, t in zip(got, (q, k, v, mask, sinks)):
+        assert (a - t.grad).abs().max() < 1e-9
+
+
 def test_torch_dropout_follows_torch_manual_seed():
     q = torch.randn(1, 2, 16, 8)
     torch.manual_seed(3)
@@ -208,6 +246,33 @@ def test_varlen_same_bits_for_any_thread_count():
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert a.tobytes() == b.tobytes()
+
+
+def test_torch_varlen_autograd():
+    # sdpa.torch.attention_varlen: out and every gradient (the sinks' included) are those of
+    # the NumPy functions, which the tests above check against composites.
+    lq, lk = [6, 0, 33], [10, 3, 40]
+    q, cu_q = pack(lq, 4, 8, 51)
+    k, cu_k = pack(lk, 2, 8, 52)
+    v, _ = pack(lk, 2, 8, 53)
+    g, _ = pack(lq, 4, 8, 54)
+    sinks = np.array([0.2, -0.4, 1.0, 0.0])
+    kw = dict(causal=True, window_size=(12, 1), softcap=2.0, dropout_p=0.25, seed=4,
+              alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]))
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    ts = torch.tensor(sinks, requires_grad=True)
+    out = st.attention_varlen(tq, tk, tv, torch.tensor(cu_q), cu_k, 33, 40, sinks=ts, **kw)
+    out.backward(torch.tensor(g))
+    want, lse = sdpa.attention_varlen(q, k, v, cu_q, cu_k, 33, 40, return_lse=True, sinks=sinks,
+                                      **kw)
+    grads = sdpa.attention_varlen_backward(q, k, v, cu_q, cu_k, 33, 40, want, lse, g,
+                                           sinks=sinks, **kw)
+    assert np.array_equal(out.detach().numpy(), want)
+    for t, w in zip((tq, tk, tv, ts), grads):
+        assert np.array_equal(t.grad.numpy(), w)
+    assert np.abs(grads[0]).max() > 0 and np.abs(grads[3]).max() > 0
+    with pytest.raises(TypeError, match="query"):
+        st.attention_varlen(tq.int(), tk, tv, cu_q, cu_k, 33, 40)
 
 
 @pytest.mark.parametrize("cu_q, fragment", [

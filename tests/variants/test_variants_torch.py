@@ -9,6 +9,7 @@ denominator with value 0. Both implementations are checked: --impl reference in 
 1e-10) and --impl fast in float32 (to 2e-5 of the largest magnitude). Runs with $SDPA; needs
 numpy and torch."""
 import os
+import json
 import subprocess
 import sys
 import tempfile
@@ -133,5 +134,30 @@ with tempfile.TemporaryDirectory() as tmp:
         r = run(*base, *extra)
         check(r.returncode == 2 and word in r.stderr and r.stderr.startswith("sdpa: error:"),
               f"{extra}: exit 2 naming {word}, got {r.returncode}: {r.stderr.strip()}")
+
+    # `sdpa bench` times the variants: they reach the options (the JSON echoes them), a window's
+    # FLOP count is that of the visible pairs (counted here from the semantics), bad values
+    # exit 2.
+    L, S, left, right, E = 300, 340, 20, 5, 16
+    r = run("bench", "--seq", str(L), "--kv-seq", str(S), "--dim", str(E), "--heads", "2",
+            "--causal", "lower-right", "--window", f"{left},{right}", "--softcap", "5",
+            "--alibi", "--sinks", "--dropout", "0.1", "--seed", "3", "--repeat", "1", "--json")
+    if check(r.returncode == 0, f"bench with variants: exit 0, got {r.stderr}"):
+        j = json.loads(r.stdout)
+        i = np.arange(L)[:, None]
+        jj = np.arange(S)[None, :]
+        d = S - L
+        visible = (jj >= i + d - left) & (jj <= i + d + right) & (jj <= i + d)
+        check(j["variants"] == {"window": [left, right], "softcap": 5.0, "alibi": True,
+                                "sinks": True, "dropout_p": 0.1, "seed": 3},
+              f"bench echoes the variants, got {j.get('variants')}")
+        want = 2.0 * 2 * visible.sum() * (E + E)
+        check(abs(j["flops"] - want) <= 1e-9 * want, f"bench window flops {j['flops']} != {want}")
+    for extra, word in ((["--dropout", "1"], "dropout_p"), (["--window", "-3,0"], "window_left"),
+                        (["--softcap", "-2"], "softcap"),
+                        (["--kv-cache", "--kv-seq", "64", "--alibi"], "--kv-cache")):
+        r = run("bench", "--seq", "64", "--repeat", "1", *extra)
+        check(r.returncode == 2 and word in r.stderr and r.stderr.startswith("sdpa: error:"),
+              f"bench {extra}: exit 2 naming {word}, got {r.returncode}: {r.stderr.strip()}")
 
 finish("test_variants_torch")
