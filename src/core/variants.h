@@ -16,6 +16,7 @@
 #include <Random123/philox.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -94,5 +95,13 @@ void dropout_row(const Variants& v, std::int64_t b, std::int64_t h, std::int64_t
     }
   }
 }
+
+/// The fused kernel's dropout factors for keys j0 .. j0 + n of query i (n <= 256), on the SIMD
+/// target chosen for the next call (kernels/flash.cpp): tests compare them with dropout_row.
+void fast_dropout_factors_for_test(const Variants& v, std::int64_t b, std::int64_t h,
+                                   std::int64_t i, std::int64_t j0, std::int64_t n, float* factor);
+/// The fused kernel's float32 softcap: x[c] = cap * tanh(x[c] / cap), t[c] = tanh(x[c] / cap)
+/// (t may be null), n a multiple of 16.
+void fast_softcap_for_test(float* x, std::size_t n, float cap, float* t);
 
 }  // namespace sdpa::detail

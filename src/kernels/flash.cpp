@@ -378,14 +378,13 @@ HWY_INLINE void AddSink(T sink, T& m, T& l, T& inv) {
   m = top;
 }
 
-/// P[c] *= z[c] / (1 - p) for keys s0 + c < s0 + kc of query row l (z from Philox, see
-/// core/variants.h); `factor` is scratch of kKeyTile.
+/// P[c] *= factor[c] for c < kc: factor[c] = z[c] / (1 - p) for keys s0 + c of the row (z from
+/// Philox, see core/variants.h; DropoutFactors).
 template <typename T>
-void DropoutRow(const Problem& p, int64_t b, int64_t h, int64_t l, int64_t s0, int64_t kc,
-                T* HWY_RESTRICT row, T* HWY_RESTRICT factor) {
-  dropout_row(p.variants, b, h, l, s0, kc, factor);
+HWY_INLINE void ApplyDropout(int64_t kc, const T* HWY_RESTRICT factor, T* HWY_RESTRICT row) {
   for (int64_t c = 0; c < kc; ++c) row[c] *= factor[c];
 }
+static_assert(kKeyTile <= kMaxDropoutKeys, "DropoutFactors serves one key tile at a time");
 
 // ---- forward ---------------------------------------------------------------------------------
 
@@ -482,7 +481,10 @@ void ForwardQueryTile(const Problem& p, const ForwardShared<T>& sh, const Forwar
         const T alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
         if (alpha != T(1)) ScaleRow(acc + r * ldv, ldv, alpha);
         // Dropout acts on P V only: the running sum l above is the softmax's own.
-        if (var.dropout()) DropoutRow(p, b, h, l0 + r, s0, kc, srow, w.drop);
+        if (var.dropout()) {
+          DropoutFactors(var, b, h, l0 + r, s0, kc, w.drop);
+          ApplyDropout(kc, w.drop, srow);
+        }
       }
       // pass 3: acc += P V
       AccumulatePV(rows, ldv, kc, w.s, v, v_ld, v_unsafe, acc);
@@ -920,9 +922,10 @@ void ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>& sh,
     T* dsrow = w.ds + r * kKeyTile;
     if (var.dropout()) {
       // out = (P z) V: dP = z (dO V^T), dS = P (dP - D), and dV takes P z, in place of P.
-      DropoutRow(p, b, h, l0 + r, s0, kc, dsrow, w.drop);
+      DropoutFactors(var, b, h, l0 + r, s0, kc, w.drop);
+      ApplyDropout(kc, w.drop, dsrow);
       SoftmaxGradRow(prow, dsrow, kKeyTile, sh.D[row0 + r]);
-      DropoutRow(p, b, h, l0 + r, s0, kc, prow, w.drop);
+      ApplyDropout(kc, w.drop, prow);
     } else {
       SoftmaxGradRow(prow, dsrow, kKeyTile, sh.D[row0 + r]);
     }
@@ -1390,6 +1393,11 @@ void ExpForTest(const float* x, float* y, size_t n) {
   for (size_t i = 0; i < n; i += hn::Lanes(d))
     hn::StoreU(ExpSoftmax(d, hn::LoadU(d, x + i)), d, y + i);
 }
+void DropoutFactorsForTest(const Variants& v, int64_t b, int64_t h, int64_t i, int64_t j0,
+                           int64_t n, float* factor) {
+  DropoutFactors(v, b, h, i, j0, n, factor);
+}
+void SoftcapForTest(float* x, size_t n, float cap, float* t) { SoftcapRow(x, n, cap, t); }
 
 }  // namespace sdpa::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -1404,6 +1412,8 @@ HWY_EXPORT(BackwardFloat);
 HWY_EXPORT(BackwardDouble);
 HWY_EXPORT(TargetNameOfKernel);
 HWY_EXPORT(ExpForTest);
+HWY_EXPORT(DropoutFactorsForTest);
+HWY_EXPORT(SoftcapForTest);
 
 // The SIMD target is chosen once per public call; everything below runs on it directly.
 bool fast_forward_reads_bfloat16(const Problem& p) {
@@ -1438,6 +1448,15 @@ void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test 
 
 void fast_exp_for_test(const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);
+}
+
+void fast_dropout_factors_for_test(const Variants& v, std::int64_t b, std::int64_t h,
+                                   std::int64_t i, std::int64_t j0, std::int64_t n, float* factor) {
+  HWY_DYNAMIC_DISPATCH(DropoutFactorsForTest)(v, b, h, i, j0, n, factor);
+}
+
+void fast_softcap_for_test(float* x, std::size_t n, float cap, float* t) {
+  HWY_DYNAMIC_DISPATCH(SoftcapForTest)(x, n, cap, t);
 }
 
 }  // namespace sdpa::detail

@@ -14,6 +14,8 @@
 //   - dropout: the fused kernel draws the reference's mask (same out and gradients); the same
 //     seed gives the same bits, another seed another mask; about p of the keys are dropped; the
 //     mean over seeds converges to the output without dropout;
+//   - the kernel's vectorised Philox gives the scalar Random123 factors bit for bit, and its
+//     rational tanh stays within 3 float32 ulps of a float64 tanh, on every compiled target;
 //   - bad options are refused with an sdpa::Error naming the option.
 #include <gtest/gtest.h>
 
@@ -26,6 +28,7 @@
 
 #include "../common/test_util.h"
 #include "core/problem.h"
+#include "core/variants.h"
 #include "hwy/targets.h"
 #include "kernels/dispatch.h"
 #include "reference/reference.h"
@@ -398,6 +401,76 @@ TEST(Variants, DropoutDrawsTheReferenceMask) {
   other.seed = 78;
   const Result changed = run_variants(in, other, Impl::fast, false);
   EXPECT_GT(max_abs_diff(fast.out, changed.out), 1e-3);
+}
+
+// The kernel's vectorised Philox4x32-10 gives, on every compiled target, the very factors of the
+// scalar Random123 generator (dropout_row): for seeds using both key words, rows, heads, batch
+// offsets, starts that are not multiples of 4 (mid-counter), counters past 2^31, every length
+// up to a tile and beyond, and probabilities near 0 and 1.
+TEST(Variants, VectorPhiloxIsRandom123OnEveryTarget) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  std::mt19937_64 rng(4321);
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    ASSERT_STREQ(sdpa::detail::fast_kernel_target(), hwy::TargetName(target));
+    for (int t = 0; t < 300; ++t) {
+      sdpa::detail::Variants v;
+      const double ps[] = {0.1, 0.5, 1e-9, 0.999999, 0.3};
+      v.dropout_p = ps[t % 5];
+      v.seed = t < 5 ? std::uint64_t(t) : rng();
+      v.rng_batch_offset = std::int64_t(rng() % 5);
+      const auto b = std::int64_t(rng() % 7), h = std::int64_t(rng() % 64);
+      const auto i = std::int64_t(t % 3 == 0 ? (1ll << 31) + std::int64_t(rng() % 1000)
+                                             : std::int64_t(rng() % 100000));
+      std::int64_t j0 = std::int64_t(rng() % 5000);
+      if (t % 4 == 0) j0 = 4 * ((std::int64_t{1} << 31) + std::int64_t(rng() % 1000)) + t % 3;
+      const std::int64_t n = t < 257 ? t : std::int64_t(rng() % 257);
+      std::vector<float> want(std::size_t(n) + 1, -1.0f), got(std::size_t(n) + 1, -1.0f);
+      sdpa::detail::dropout_row(v, b, h, i, j0, n, want.data());
+      sdpa::detail::fast_dropout_factors_for_test(v, b, h, i, j0, n, got.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)))
+          << hwy::TargetName(target) << " seed " << v.seed << " b " << b << " h " << h << " i " << i
+          << " j0 " << j0 << " n " << n << " p " << v.dropout_p;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The kernel's float32 softcap (a rational tanh) against tanh in float64, on every compiled
+// target, over a dense sweep of scaled scores from -20 to 20 (every float32 there rounds tanh
+// to +-1 beyond 9.01), infinities and NaN: tanh within 6 float32 ulps of 1 (6 * 2^-24; measured
+// 4.5 with FMA, 5.6 without), cap * tanh(x / cap) within 6.5 of the cap, NaN kept.
+TEST(Variants, SoftcapTanhAccuracyOnEveryTarget) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  const std::size_t n = 1 << 18;
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const float cap : {1.0f, 30.0f}) {
+      std::vector<float> x(n), t(n);
+      for (std::size_t k = 0; k < n; ++k) x[k] = cap * (-20.0f + 40.0f * float(k) / float(n));
+      x[0] = std::numeric_limits<float>::infinity();
+      x[1] = -std::numeric_limits<float>::infinity();
+      x[2] = std::numeric_limits<float>::quiet_NaN();
+      x[3] = 0.0f;
+      const std::vector<float> in = x;
+      sdpa::detail::fast_softcap_for_test(x.data(), n, cap, t.data());
+      double worst = 0.0, worst_capped = 0.0;
+      for (std::size_t k = 3; k < n; ++k) {
+        const double want = std::tanh(double(in[k] * (1.0f / cap)));
+        worst = std::max(worst, std::abs(double(t[k]) - want));
+        worst_capped = std::max(worst_capped, std::abs(double(x[k]) - double(cap) * want) / cap);
+      }
+      std::printf("softcap tanh on %s, cap %g: max error %.2f ulps of 1 (capped %.2f)\n",
+                  hwy::TargetName(target), double(cap), worst / 0x1p-24, worst_capped / 0x1p-24);
+      EXPECT_LE(worst, 6.0 * 0x1p-24) << hwy::TargetName(target);
+      EXPECT_LE(worst_capped, 6.5 * 0x1p-24) << hwy::TargetName(target);
+      EXPECT_NEAR(x[0], cap, cap * 6.0 * 0x1p-24);
+      EXPECT_NEAR(x[1], -cap, cap * 6.0 * 0x1p-24);
+      EXPECT_TRUE(std::isnan(x[2]));
+      EXPECT_EQ(x[3], 0.0f);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(Variants, DropoutFractionAndReferenceMatrices) {

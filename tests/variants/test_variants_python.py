@@ -184,6 +184,32 @@ def test_varlen_dropout_is_per_sequence():
     assert np.abs(a - b.transpose(0, 2, 1, 3).reshape(60, 2, 4)).max() < 1e-12
 
 
+def test_varlen_same_bits_for_any_thread_count():
+    # Sequences run side by side one thread each, or alone with every thread (the longest here
+    # holds over half the work): the bits do not depend on the thread count, forward and
+    # backward, the sinks' gradient included.
+    lengths = [300, 0, 17, 64, 129, 40, 1]
+    q, cu = pack(lengths, 4, 16, 31)
+    k, _ = pack(lengths, 2, 16, 32)
+    v, _ = pack(lengths, 2, 16, 33)
+    g, _ = pack(lengths, 4, 16, 34)
+    q, k, v, g = (a.astype(np.float32) for a in (q, k, v, g))
+    kw = dict(causal=True, window_size=(50, 3), softcap=5.0, dropout_p=0.2, seed=5,
+              alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]),
+              sinks=np.array([0.2, -0.4, 1.0, 0.0]))
+    runs = []
+    for threads in (1, 2, 3, 8):
+        out, lse = sdpa.attention_varlen(q, k, v, cu, cu, 300, 300, return_lse=True,
+                                         threads=threads, **kw)
+        grads = sdpa.attention_varlen_backward(q, k, v, cu, cu, 300, 300, out, lse, g,
+                                               threads=threads, **kw)
+        runs.append((out, lse) + tuple(grads))
+    assert len(runs[0]) == 6
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("cu_q, fragment", [
     ([1, 3, 6], "cu_seqlens_q: expected the first offset to be 0"),
     ([0, 4, 3, 6], "cu_seqlens_q: expected non-decreasing offsets"),
