@@ -161,47 +161,7 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
-/// exp(x) for float32 x <= 88 (and -inf, giving 0; NaN gives NaN), the softmax's exp: about
-/// 15 vector operations against hn::Exp's ~25, the exp being most of the online softmax's cost
-/// (one per score, against 2 E multiply-adds per score in the two products: at E = 64 the
-/// softmax took ~20% of the forward with hn::Exp). x = n ln2 + r with n = round(x / ln2) (the
-/// 1.5 * 2^23 rounding constant, carrying the exponent bias 127 in its low bits, so that
-/// shifting its bits left by 23 gives 2^n directly), r from ln2 in two parts (Cody & Waite), exp(r)
-/// = 1 + r + r^2 P(r) with hn::Exp's degree-5 P (Highway's minimax coefficients), and
-/// exp(x) = (r + r^2 P(r)) 2^n + 2^n as one fused multiply-add. Within 2 ULP on [-87.3, 88]
-/// (tests/kernels: within 2 ULP of exp on [-87, 0], exactly 1 at 0). Below ln(2^-126) = -87.34
-/// the result is 0: where hn::Exp gives a subnormal, this gives 0, a difference below 1e-38
-/// relative to the row's largest probability, which is 1.
-template <class D, class V>
-HWY_INLINE V ExpSoftmax(D d, V x) {
-  using T = hn::TFromD<D>;
-  if constexpr (sizeof(T) != 4) {
-    return hn::Exp(d, x);
-  } else {
-    const hn::RebindToSigned<D> di;
-    const V kMagic = hn::Set(d, 12582912.0f + 127.0f);  // 1.5 * 2^23 + the exponent bias
-    const V kLog2e = hn::Set(d, 1.44269504088896341f);
-    const V kLn2Hi = hn::Set(d, -0.693145751953125f);  // 16 bits: n * kLn2Hi is exact
-    const V kLn2Lo = hn::Set(d, -1.428606765330187045e-6f);
-    const V t = hn::MulAdd(x, kLog2e, kMagic);  // kMagic + n, n = round(x log2(e))
-    const V n = hn::Sub(t, kMagic);
-    const V r = hn::MulAdd(n, kLn2Lo, hn::MulAdd(n, kLn2Hi, x));
-    V poly = hn::Set(d, 0.000198527617612853646278381f);
-    poly = hn::MulAdd(poly, r, hn::Set(d, 0.00139304355252534151077271f));
-    poly = hn::MulAdd(poly, r, hn::Set(d, 0.00833336077630519866943359f));
-    poly = hn::MulAdd(poly, r, hn::Set(d, 0.0416664853692054748535156f));
-    poly = hn::MulAdd(poly, r, hn::Set(d, 0.166666671633720397949219f));
-    poly = hn::MulAdd(poly, r, hn::Set(d, 0.5f));
-    const V em1 = hn::MulAdd(poly, hn::Mul(r, r), r);  // exp(r) - 1
-    // bits(t) = 0x4B400000 + 127 + n; shifted left by 23 the 0x4B400000 leaves nothing.
-    const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
-    const V y = hn::MulAdd(em1, scale, scale);
-    return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.3365447505531f)), y);
-  }
-}
-
-/// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0); shift finite
-/// and >= every x[i] (the row's max).
+/// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0). shift finite.
 template <typename T>
 HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, std::size_t n, T shift) {
   const hn::ScalableTag<T> d;
@@ -209,25 +169,21 @@ HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, std::size_t n, T shift) {
   const auto vs = hn::Set(d, shift);
   auto sum = hn::Zero(d);
   for (std::size_t i = 0; i < n; i += lanes) {
-    const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i), vs));
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs));
     hn::StoreU(e, d, x + i);
     sum = hn::Add(sum, e);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-/// x[i] = exp(x[i] - shift) in place (no sum); x[i] - shift above 88 is taken as 88 (the
-/// backward's shift is the row's lse, which no score exceeds by more than rounding).
+/// x[i] = exp(x[i] - shift) in place (no sum).
 template <typename T>
 HWY_INLINE void ExpShift(T* HWY_RESTRICT x, std::size_t n, T shift) {
   const hn::ScalableTag<T> d;
   const std::size_t lanes = hn::Lanes(d);
   const auto vs = hn::Set(d, shift);
-  const auto top = hn::Set(d, T(88));
   for (std::size_t i = 0; i < n; i += lanes) {
-    const auto v = hn::Sub(hn::LoadU(d, x + i), vs);
-    // A compare, not Min: Min drops NaN on some targets (SCALAR's returns the other operand).
-    hn::StoreU(ExpSoftmax(d, hn::IfThenElse(hn::Gt(v, top), top, v)), d, x + i);
+    hn::StoreU(hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs)), d, x + i);
   }
 }
 
