@@ -140,6 +140,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
                 "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");
+  cmd->add_option("--target", c.target,
+                  "SIMD target to run the kernels and the peak loop on (e.g. avx2; default: the "
+                  "best this CPU supports), to time another machine's code here");
   cmd->add_flag("--json", a->json,
                 "print one JSON object (\"seconds_median\", \"gflops_median\", ...)");
 #ifdef SDPA_HAS_MPI
@@ -148,6 +151,7 @@ void add_bench_command(CLI::App& app) {
   cmd->callback([a, cmd] {
     if (a->peak) {
       const int threads = resolve_threads(a->config.threads);
+      const bench::TargetScope target_scope(a->config.target);
       const bench::PeakResult peak = bench::measure_peak(threads);
       const bench::ReadBandwidth bw = bench::measure_read_bandwidth(threads);
       if (a->json) {
@@ -156,13 +160,14 @@ void add_bench_command(CLI::App& app) {
                                     {"read_gbps", bw.median_gbps},
                                     {"read_gbps_best", bw.best_gbps},
                                     {"read_gbps_per_cpu_second", bw.per_cpu_second_gbps},
-                                    {"threads", threads}}
+                                    {"threads", threads},
+                                    {"target", bench::peak_target_name()}}
                          .dump()
                   << "\n";
       } else {
         std::cout << fmt::format(
-            "FP32 FMA peak: {:.1f} GFLOP/s on {} threads ({:.1f} per CPU-second)\n",
-            peak.wall_gflops, threads, peak.cpu_gflops);
+            "FP32 FMA peak: {:.1f} GFLOP/s on {} threads ({:.1f} per CPU-second), target {}\n",
+            peak.wall_gflops, threads, peak.cpu_gflops, bench::peak_target_name());
         std::cout << fmt::format(
             "streaming read: {:.1f} GB/s on {} threads (sum of a 512 MiB array, median of 5; "
             "best {:.1f})\n",

@@ -116,6 +116,7 @@ std::string cpu_description() {
 }
 
 nlohmann::json run_bench(const BenchConfig& config) {
+  const TargetScope target_scope(config.target);
   const std::int64_t B = config.batch, H = config.heads;
   const std::int64_t Hkv = config.kv_heads == 0 ? H : config.kv_heads;
   const std::int64_t L = config.seq, S = config.kv_seq == 0 ? L : config.kv_seq;
@@ -307,6 +308,7 @@ void fill_uniform(CacheBuffer& c, std::uint64_t seed) {
 }  // namespace
 
 nlohmann::json run_decode_bench(const BenchConfig& config) {
+  const TargetScope target_scope(config.target);
   const std::int64_t H = config.heads, L = config.seq;
   const std::int64_t Hkv = config.kv_heads == 0 ? H : config.kv_heads;
   const std::int64_t E = config.dim, Ev = config.value_dim == 0 ? E : config.value_dim;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "sdpa/sdpa.h"
@@ -38,7 +39,31 @@ struct BenchConfig {
   bool alibi = false, sinks = false;
   double dropout_p = 0.0;
   std::uint64_t seed = 0;
+  // The Highway target to run on (e.g. "AVX2", any case; empty: the best this CPU supports);
+  // the FMA peak of the same run is measured on it too (TargetScope).
+  std::string target;
 };
+
+/// While alive, every dispatched kernel (and the FMA peak loop) runs on the compiled Highway
+/// target `name` (case-insensitive, e.g. "avx2"; empty: no change); below AVX3_DL bfloat16
+/// products also take the converting path (no vdpbf16ps). Throws sdpa::Error naming --target
+/// and the available targets when `name` is not compiled or not supported by this CPU.
+class TargetScope {
+ public:
+  explicit TargetScope(const std::string& name);
+  ~TargetScope();
+  TargetScope(const TargetScope&) = delete;
+  TargetScope& operator=(const TargetScope&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
+/// The Highway target the FMA peak loop runs on now (follows TargetScope).
+const char* peak_target_name();
+
+/// The names TargetScope accepts on this machine, best first.
+std::vector<std::string> selectable_targets();
 
 /// Times the configuration (allocation and a warm-up outside the timed loop) and returns the
 /// object `sdpa bench --json` prints; it includes at least "seconds_median", "seconds_min",

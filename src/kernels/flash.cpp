@@ -55,15 +55,22 @@
 // normalise P (|lse| > 64 in float32, or NaN, or +inf: see kLseResolvable) first has its running
 // max and sum recomputed exactly as the forward computes them (RenormaliseQueryTile, one extra
 // product for its query tile only) and takes P = exp(S - m) / l. A row that sees no key
-// (lse = -inf) is zeroed in the packed copies of scale * Q and dO.
-//   pass A, work item = (batch, kv head, key tile j), owns dK_j and dV_j: for every query head
-//     of the group and every query tile i that can see j:
-//     dV_j += P^T dO_i,  dP = dO_i V_j^T,  dS = P * (dP - D),  dK_j += dS^T (scale Q_i)
-//   pass B, work item = (batch, query head, query tile i), owns dQ_i: for every visible key tile:
-//     S, P, dP, dS as above, dQ_i += dS K_j;  dQ = scale * dQ_i
-// No atomics and no reduction across threads: that is what makes the result bit-identical for
-// any thread count. The price: S and dP are computed twice (7 products instead of 5), so the
-// standard FLOP count (2.5 x forward) credits the backward with only 5/7 of its arithmetic.
+// (lse = -inf) is zeroed in the packed copies of scale * Q and dO. The work plan is a function
+// of the shape alone (PlanBackward, near the end of this file):
+//   one pass (B * Hkv >= 8, or a few key chunks per kv head whose partial dQ fit 16 MiB): work
+//     item = (batch, kv head, chunk of key tiles); for each key tile j in order, every query
+//     head of the group and every query tile i that can see j:
+//     S, P, dP = dO_i V_j^T, dS = P * (dP - D); dV_j += P^T dO_i, dK_j += dS^T (scale Q_i),
+//     dQ_i += dS K_j (into the item's own dQ buffer; a chunked head's partials are summed in
+//     chunk order afterwards): five products per (i, j) pair, each once;
+//   two passes (long single sequences, whose partials would not fit):
+//     pass A, work item = (batch, kv head, key tile j), owns dK_j and dV_j, as above;
+//     pass B, work item = (batch, query head, query tile i), owns dQ_i: for every visible key
+//     tile, S, P, dP, dS again, dQ_i += dS K_j: S and dP computed twice (7 products instead of
+//     5), so the standard FLOP count (2.5 x forward) credits it with only 5/7 of its arithmetic.
+// No atomics and no reduction across threads in either plan: every output element is summed by
+// one work item in an order fixed by the shape, which makes the result bit-identical for any
+// thread count.
 //
 // Memory traffic per tiling (one kv head, float32, L = S = N; Q, K, V, O read or written once
 // from memory are not repeated below):
@@ -76,9 +83,10 @@
 //     the 1 MiB L2 many times over; the 48 KiB L1d holds the K^T tile and the row panel of the
 //     micro-kernel sweeping it at E = 64 (at E = 128 the tile is served by L2, which the
 //     measurements below show costs nothing visible).
-//   backward pass A: each key tile streams Q, dO (and lse, D) of every query tile:
-//     (N / Bc) * N * (E + Ev) * 4 bytes; pass B: each query tile streams K^T, V^T and K tiles:
-//     (N / Br) * N * (2 E + Ev) * 4 bytes. Both again ~0.03 byte/flop.
+//   backward, one pass: each key tile streams Q, dO (and lse, D) and the dQ rows of every
+//     query tile: (N / Bc) * N * (2 E + Ev) * 4 bytes; two passes: pass A as the one pass
+//     without dQ, pass B: each query tile streams K^T, V^T and K tiles:
+//     (N / Br) * N * (2 E + Ev) * 4 bytes. All again ~0.03 byte/flop.
 //   Larger Br or Bc cut that traffic further but grow the tiles past L1; smaller ones raise the
 //   per-tile overheads (one row max, exp, sum and accumulator rescale per row per tile).
 //   Never materialised: L x S. Extra memory: the packed K^T (forward; a copy of K), plus in the
@@ -231,12 +239,36 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
 /// dst[e][c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key tile
 /// transposed so that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile),
 /// vectorised along the keys.
+/// A 16-bit S is widened a block at a time with vector conversions (F16C's vcvtph2ps, a shift
+/// for bfloat16) into a small buffer that the transposition then reads: converting element by
+/// element in the transposing loop (core/half.h's scalar conversion) made the float16 forward
+/// slower than the float32 one at (1, 8, 4096, 128).
 template <typename T, typename S>
 void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
-  for (int64_t e = 0; e < width; ++e) {
-    T* d = dst + e * kKeyTile;
-    for (int64_t c = 0; c < kc; ++c) d[c] = Widen(src[(s0 + c) * src_ld + e]);
-    for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
+  if constexpr (std::is_same_v<S, T>) {
+    for (int64_t e = 0; e < width; ++e) {
+      T* d = dst + e * kKeyTile;
+      for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
+      for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
+    }
+  } else {
+    constexpr int64_t kRows = 16, kCols = 256;  // 16 KiB of float32 on the stack
+    T block[kRows * kCols];
+    for (int64_t e0 = 0; e0 < width; e0 += kCols) {
+      const int64_t ew = std::min(kCols, width - e0);
+      for (int64_t c0 = 0; c0 < kc; c0 += kRows) {
+        const int64_t cw = std::min(kRows, kc - c0);
+        for (int64_t c = 0; c < cw; ++c) {
+          ScaledRow(src + (s0 + c0 + c) * src_ld + e0, ew, T(1), block + c * kCols);
+        }
+        for (int64_t e = 0; e < ew; ++e) {
+          T* d = dst + (e0 + e) * kKeyTile + c0;
+          for (int64_t c = 0; c < cw; ++c) d[c] = block[c * kCols + e];
+        }
+      }
+      for (int64_t e = e0; e < e0 + ew; ++e)
+        std::fill(dst + e * kKeyTile + kc, dst + (e + 1) * kKeyTile, T(0));
+    }
   }
 }
 
@@ -272,7 +304,21 @@ void StoreRow(const OutputView& o, int64_t b, int64_t h, int64_t l, const T* src
   WithStorage<T>(o.dtype, [&](auto st) {
     using S = typename decltype(st)::type;
     S* d = o.row<S>(b, h, l);
-    for (int64_t e = 0; e < n; ++e) d[e] = Narrow<S>(src[e] * factor);
+    int64_t e = 0;
+#if HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+    if constexpr (std::is_same_v<S, hwy::float16_t> && std::is_same_v<T, float>) {
+      // F16C's vcvtps2ph rounds to nearest even and quiets NaN keeping the top payload bits,
+      // as core/half.h's float_to_float16 does (the scalar loop was ~1% of a float16 forward).
+      const hn::ScalableTag<float> df;
+      const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+      const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+      const auto f = hn::Set(df, factor);
+      for (; e + lanes <= n; e += lanes) {
+        hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::LoadU(df, src + e), f)), dh, d + e);
+      }
+    }
+#endif
+    for (; e < n; ++e) d[e] = Narrow<S>(src[e] * factor);
   });
 }
 

@@ -37,7 +37,18 @@ for extra in ([], ["--backward"], ["--impl", "naive"], ["--causal", "lower-right
 r = run("--peak", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["peak_gflops"] > 0, "bench --peak --json")
 
-for bad, option in ((["--dim", "0"], "--dim"), (["--kv-heads", "3"], "--kv-heads"),
+# --target pins the kernels and the peak loop to one compiled SIMD target: SCALAR is compiled on
+# every x86 machine (so this runs anywhere); the JSON names it for both.
+r = run(*tiny, "--target", "scalar")
+check(r.returncode == 0, f"bench --target scalar: exit {r.returncode}: {r.stderr}")
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    check(j["target"] == "SCALAR" and j["peak_target"] == "SCALAR",
+          f"bench --target scalar ran on {j['target']}, peak on {j['peak_target']}")
+r = run("--peak", "--json", "--threads", "1", "--target", "SCALAR")
+check(r.returncode == 0 and json.loads(r.stdout)["target"] == "SCALAR", "bench --peak --target")
+
+for bad, option in ((["--target", "avx9"], "--target"), (["--dim", "0"], "--dim"), (["--kv-heads", "3"], "--kv-heads"),
                     (["--causal", "diagonal"], "--causal"), (["--impl", "fastest"], "--impl")):
     r = run(*bad)
     check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
