@@ -207,6 +207,9 @@ void Page::figure(Section& s, const Figure& f) {
   FigureBlock b;
   b.id = f.id;
   b.caption = f.caption;
+  // The mode of the experiment whose table the figure draws (sources are <exp>-<table>.csv).
+  if (!f.sources.empty())
+    b.caption += mode_tag(f.sources.front().substr(0, f.sources.front().find('-')));
   b.svg = embeddable_svg(svg, "f-" + f.id, f.caption);
   b.csv = "fig-" + f.id + ".csv";
   b.sources = f.sources;
@@ -227,7 +230,7 @@ void Page::key_rows(Section& s, const std::string& exp, const std::string& name,
   }
   if (rows.empty()) return;
   TableBlock t;
-  t.caption = caption;
+  t.caption = caption + mode_tag(exp);
   t.csv = csv_name(exp, name);
   t.header = columns;
   for (Row r : rows) {
@@ -265,12 +268,19 @@ void Page::other_verdicts(Section& s, const std::string& exp) {
   }
 }
 
+std::string Page::mode_tag(const std::string& exp) const {
+  const json* e = experiment(exp);
+  if (!e || str(e, "mode").empty()) return "";
+  return tr(fmt::format(" [{} mode]", str(e, "mode")), fmt::format("［{} 模式］", str(e, "mode")));
+}
+
 VerdictBlock Page::verdict_block(const std::string& exp, const json& c) const {
   VerdictBlock v;
   v.claim_id = str(&c, "id");
   v.verdict = str(&c, "verdict");
-  v.label =
-      fmt::format("{} [{} {}]", verdict_word(v.verdict, options_.lang), tr("lab", "实验"), exp);
+  const json* e = experiment(exp);
+  v.label = fmt::format("{} [{} {}, {}]", verdict_word(v.verdict, options_.lang), tr("lab", "实验"),
+                        exp, e ? str(e, "mode") : std::string("?"));
   v.condition = str(&c, "condition");
   v.lines = {{tr("Theory:", "理论："), str(&c, "theory")},
              {tr("Measured:", "测量："), str(&c, "measurement")},

@@ -113,6 +113,9 @@ class Page {
   /// The verdicts of experiment `exp` on claims other than C1..C8.
   void other_verdicts(Section& s, const std::string& exp);
   VerdictBlock verdict_block(const std::string& exp, const json& claim) const;
+  /// " [quick mode]" (the mode that produced experiment `exp`'s numbers), or "" when unknown:
+  /// appended to the caption of every table and figure drawn from it.
+  std::string mode_tag(const std::string& exp) const;
 
  private:
   const Inputs& inputs_;
