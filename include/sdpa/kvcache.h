@@ -21,10 +21,12 @@
 // reads cache head h / (Hq / Hkv). scale defaults to 1/sqrt(E). A sequence with no visible row
 // (S_b = 0) gives out = 0, lse = -inf. cache_seqlens is only read: the caller advances it.
 //
-// Dtypes: q, out and lse share one dtype, float32 or float64. The caches (and k, v) have one
-// dtype between them: q's, or with a float32 q also float16 or bfloat16, which halves the bytes
-// a step reads; they are widened to float32 exactly, in registers (the arithmetic is float32's).
-// Any other mix is refused. The caches are read where they lie, never copied. The computation is
+// Dtypes: q and out share one dtype. The caches (and k, v) have one dtype between them: float64
+// under a float64 q; float32, float16 or bfloat16 under a float32, float16 or bfloat16 q. 16-bit
+// caches halve the bytes a step reads and are widened to float32 exactly, in registers (the
+// arithmetic is float32's; a 16-bit q is widened exactly and out rounded once to its dtype). lse is float64
+// for float64 q, float32 otherwise. Any other mix is refused. Layout: every tensor is
+// C-contiguous (TensorRef::strides empty or in C order); a strided view is refused, naming it. The caches are read where they lie, never copied. The computation is
 // the decode kernel (src/kernels/decode.cpp): every K/V byte read once per GQA group, bit-identical
 // results for any thread count.
 //

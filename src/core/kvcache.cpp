@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/half.h"
+#include "core/layout.h"
 #include "core/problem.h"
 #include "kernels/decode.h"
 #include "sdpa/array.h"
@@ -22,6 +23,27 @@ namespace sdpa {
 namespace {
 
 using std::int64_t;
+
+// The decode kernel and the in-place append address every tensor of this API in C order, so a
+// strided view is refused rather than misread.
+void check_c_order(const TensorRef& t, const char* what) {
+  if (!t.strides.empty() && t.strides.size() != t.shape.size()) {
+    throw Error(fmt::format("{}: expected {} strides (one per dimension), got {}", what,
+                            t.shape.size(), t.strides.size()));
+  }
+  if (!detail::is_contiguous(t)) {
+    std::vector<int64_t> c_order(t.shape.size());
+    int64_t step = 1;
+    for (std::size_t i = t.shape.size(); i-- > 0;) {
+      c_order[i] = step;
+      step *= t.shape[i];
+    }
+    throw Error(
+        fmt::format("{}: expected C-contiguous strides {}, got {} (attention_with_kvcache "
+                    "reads and writes its tensors in C order)",
+                    what, shape_string(c_order), shape_string(t.strides)));
+  }
+}
 
 void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
                        bool half_ok = false) {
@@ -45,6 +67,7 @@ void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
   if (t.data == nullptr && checked_numel(t.shape, dtype_size(t.dtype), what) > 0) {
     throw Error(fmt::format("{}: data pointer is null", what));
   }
+  check_c_order(t, what);
 }
 
 void check_dim(const TensorRef& t, std::size_t axis, int64_t expected, const char* what,
@@ -227,6 +250,8 @@ void check_outputs(const Resolved& r, const MutableTensorRef& out, const Mutable
   // out has q's dtype; lse is float32 for 16-bit queries (as attention_forward's lse).
   detail::check_tensor(out, r.q_dtype, {d.batch, d.L, d.Hq, d.Ev}, "out");
   if (lse != nullptr) detail::check_tensor(*lse, d.dtype, {d.batch, d.Hq, d.L}, "lse");
+  check_c_order(out, "out");
+  if (lse != nullptr) check_c_order(*lse, "lse");
 }
 
 // Copies the new rows into the caches (after every check passed).

@@ -408,6 +408,21 @@ TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
          x.inputs.v = &other_ref;
        }},
       {"v", [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) { x.inputs.v = nullptr; }},
+      {"k",  // a (batch, Hkv, L_new, E) array viewed as (batch, L_new, Hkv, E): not C order
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         other = random_array(c.dtype, {c.batch, c.Hkv, c.L_new, c.E}, 9);
+         other_ref = other.ref();
+         other_ref.shape = {c.batch, c.L_new, c.Hkv, c.E};
+         other_ref.strides = {c.Hkv * c.L_new * c.E, c.E, c.L_new * c.E, 1};
+         x.inputs.k = &other_ref;
+       }},
+      {"v",  // strides of the wrong count
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         other = random_array(c.dtype, {c.batch, c.L_new, c.Hkv, c.Ev}, 9);
+         other_ref = other.ref();
+         other_ref.strides = {c.Ev, 1};
+         x.inputs.v = &other_ref;
+       }},
       {"v_cache",  // pages of another size: the two caches do not tile alike
        [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
          x.v_cache = random_array(c.dtype, {x.num_blocks, c.page / 2, c.Hkv, c.Ev}, 9);
