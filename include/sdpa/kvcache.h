@@ -24,11 +24,12 @@
 // Dtypes: q and out share one dtype. The caches (and k, v) have one dtype between them: float64
 // under a float64 q; float32, float16 or bfloat16 under a float32, float16 or bfloat16 q. 16-bit
 // caches halve the bytes a step reads and are widened to float32 exactly, in registers (the
-// arithmetic is float32's; a 16-bit q is widened exactly and out rounded once to its dtype). lse is float64
-// for float64 q, float32 otherwise. Any other mix is refused. Layout: every tensor is
-// C-contiguous (TensorRef::strides empty or in C order); a strided view is refused, naming it. The caches are read where they lie, never copied. The computation is
-// the decode kernel (src/kernels/decode.cpp): every K/V byte read once per GQA group, bit-identical
-// results for any thread count.
+// arithmetic is float32's; a 16-bit q is widened exactly and out rounded once to its dtype).
+// lse is float64 for a float64 q, float32 otherwise. Any other mix is refused. Layout: every
+// tensor is C-contiguous (TensorRef::strides empty or in C order); a strided view is refused,
+// naming it. The caches are read where they lie, never copied. The computation is the decode
+// kernel (src/kernels/decode.cpp): every K/V byte read once per GQA group, bit-identical results
+// for any thread count.
 //
 // Errors: sdpa::Error naming the argument, what was expected and what was given, for bad
 // shapes, dtypes or heads, a sequence length past the capacity or an append that would pass
