@@ -277,7 +277,8 @@ constexpr const char* kVarlenBackwardDoc =
 out and lse are attention_varlen's (return_lse=True) for the same inputs and options.
 )doc";
 
-// The dropout factors (0 or 1 / (1 - p)) that every implementation draws for batch b (flattened
+// The dropout factors (0 or 1 / (1 - p'), p' = p rounded to a multiple of 2^-16; see
+// core/variants.h) that every implementation draws for batch b (flattened
 // leading dimensions), head h, query i and key j: (B, H, L, S) float64. sdpa.torch forms the
 // gradient of an attention mask with them.
 py::array_t<double> dropout_factors(std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t S,

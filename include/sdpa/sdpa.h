@@ -159,9 +159,10 @@ struct AttentionOptions {
   /// Attention sinks, Hq logits: each joins its head's softmax denominator,
   /// p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k)); lse includes it. Empty: off.
   std::vector<double> sinks = {};
-  /// Dropout on the probabilities (scaled by 1 / (1 - p)), p in [0, 1); the mask comes from
-  /// Philox4x32-10 keyed by `seed` and counted by (batch, head, i, j), so that the backward
-  /// regenerates it. lse is the softmax's, before dropout.
+  /// Dropout on the probabilities (scaled by 1 / (1 - p)), p in [0, 1), used rounded to a
+  /// multiple of 2^-16 (16-bit draws); the mask comes from Philox4x32-10 keyed by `seed` and
+  /// counted by (batch, head, i, j), so that the backward regenerates it. lse is the softmax's,
+  /// before dropout.
   double dropout_p = 0.0;
   std::uint64_t seed = 0;
 };

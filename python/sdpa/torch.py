@@ -219,8 +219,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out), the gradients like their inputs.
     attn_mask: None, bool (True = takes part) or float (added to the scores; -inf allowed),
     broadcastable to (..., Hq, L, S); a float mask that requires grad gets one.
-    dropout_p: dropout on the attention weights, in [0, 1), scaled by 1 / (1 - p); the mask
-    comes from Philox keyed by `seed` (None: one drawn from torch's generator, so that
+    dropout_p: dropout on the attention weights, in [0, 1), scaled by 1 / (1 - p), p rounded to
+    a multiple of 2^-16 (docs/variants.md); the mask comes from Philox keyed by `seed` (None: one drawn from torch's generator, so that
     torch.manual_seed governs it) and is regenerated, not stored, by the backward.
     is_causal: PyTorch's upper-left rule, tril(ones(L, S)); it may be combined with attn_mask
     (PyTorch raises there), both must allow a key.

@@ -8,14 +8,16 @@
 //   sinks: one logit per query head joins each row's softmax denominator,
 //     p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k)); lse includes it; a row that sees no key
 //     gives out = 0 and lse = sink.
-//   dropout p: out = sum_j p_j z_j / (1 - p) v_j, z_j = 0 with probability p, from Philox4x32-10
-//     keyed by the seed and counted by (batch, head, i, j), so any pass, thread count or tiling
+//   dropout p: out = sum_j p_j z_j / (1 - p') v_j, z_j = 0 with probability p', p rounded to
+//     p' = a multiple of 2^-16 (dropout_threshold), from 16-bit draws of Philox4x32-10 keyed by
+//     the seed and counted by (batch, head, i, j), so any pass, thread count or tiling
 //     regenerates the same mask; lse is the softmax's (before dropout).
 #pragma once
 
 #include <Random123/philox.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -64,16 +66,27 @@ struct KeyRange {
   std::int64_t first, last;
 };
 
-/// 2^32 * p rounded down: a Philox word below it drops its key.
+/// The dropout threshold on 16-bit draws: round(p * 2^16), at most 2^16 - 1. A key whose draw
+/// u (uniform on 0 .. 65535) is below it is dropped, so p acts as p' = threshold / 2^16, p
+/// rounded to a multiple of 2^-16 (FlashAttention rounds it to 8 bits): |p' - p| <= 2^-17, p
+/// below 2^-17 drops nothing, and p from 1 - 1.5 * 2^-16 on drops with probability 1 - 2^-16.
 inline std::uint32_t dropout_threshold(double p) {
-  const double t = p * 4294967296.0;
-  return t >= 4294967295.0 ? 0xffffffffu : static_cast<std::uint32_t>(t);
+  const double t = std::round(p * 65536.0);  // exact: p * 2^16 loses no bit
+  return t >= 65535.0 ? 65535u : static_cast<std::uint32_t>(t);
 }
 
-/// The dropout keep-mask of one row: keep[c] for keys j0 .. j0 + n, written as 0 or
-/// 1 / (1 - p) into `factor` (of type T). One Philox4x32-10 call gives four 32-bit words, used
-/// for the four keys 4m .. 4m + 3 with counter (m, i, head, batch) and key (seed low, seed high);
-/// key j is kept when its word is >= dropout_threshold(p).
+/// A kept key's factor, 1 / (1 - p') = 2^16 / (2^16 - threshold): E[z_j * factor] = 1 exactly
+/// for the p' actually drawn, so dropout leaves the expected output unchanged.
+inline double dropout_keep_factor(double p) {
+  return 65536.0 / (65536.0 - static_cast<double>(dropout_threshold(p)));
+}
+
+/// The dropout keep-mask of one row: keys j0 .. j0 + n, written as 0 or dropout_keep_factor(p)
+/// into `factor` (of type T). One Philox4x32-10 call, counter (j / 8, i, head, batch) and key
+/// (seed low, seed high), gives four 32-bit words w0 .. w3 and serves the eight keys 8m .. 8m + 7:
+/// key j draws the 16-bit u_j = half (j mod 2) of word (j mod 8) / 2, the low half for even j,
+/// the high half for odd j (so the words stored little-endian are the draws in key order), and
+/// is kept when u_j >= dropout_threshold(p).
 template <class T>
 void dropout_row(const Variants& v, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0,
                  std::int64_t n, T* factor) {
@@ -82,16 +95,17 @@ void dropout_row(const Variants& v, std::int64_t b, std::int64_t h, std::int64_t
   const Rng::key_type key = {
       {static_cast<std::uint32_t>(v.seed), static_cast<std::uint32_t>(v.seed >> 32)}};
   const std::uint32_t threshold = dropout_threshold(v.dropout_p);
-  const T keep = static_cast<T>(1.0 / (1.0 - v.dropout_p));
+  const T keep = static_cast<T>(dropout_keep_factor(v.dropout_p));
   const auto bi = static_cast<std::uint32_t>(b + v.rng_batch_offset);
   std::int64_t c = 0;
   while (c < n) {
-    const std::int64_t j = j0 + c, m = j >> 2;
+    const std::int64_t j = j0 + c, m = j >> 3;
     const Rng::ctr_type ctr = {{static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(i),
                                 static_cast<std::uint32_t>(h), bi}};
     const Rng::ctr_type r = rng(ctr, key);
-    for (std::int64_t lane = j & 3; lane < 4 && c < n; ++lane, ++c) {
-      factor[c] = r.v[lane] >= threshold ? keep : T(0);
+    for (std::int64_t k = j & 7; k < 8 && c < n; ++k, ++c) {
+      const std::uint32_t u = (r.v[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+      factor[c] = u >= threshold ? keep : T(0);
     }
   }
 }

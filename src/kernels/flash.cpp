@@ -424,8 +424,8 @@ HWY_INLINE void AddSink(T sink, T& m, T& l, T& inv) {
   m = top;
 }
 
-/// P[c] *= factor[c] for c < kc: factor[c] = z[c] / (1 - p) for keys s0 + c of the row (z from
-/// Philox, see core/variants.h; DropoutFactors).
+/// P[c] *= factor[c] for c < kc: factor[c] = z[c] / (1 - p') for keys s0 + c of the row (z from
+/// Philox, p' = p rounded to a multiple of 2^-16, see core/variants.h; DropoutFactors).
 template <typename T>
 HWY_INLINE void ApplyDropout(int64_t kc, const T* HWY_RESTRICT factor, T* HWY_RESTRICT row) {
   for (int64_t c = 0; c < kc; ++c) row[c] *= factor[c];

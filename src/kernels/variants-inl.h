@@ -9,6 +9,7 @@
 #define SDPA_KERNELS_VARIANTS_INL_H_
 #endif
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -85,16 +86,22 @@ HWY_INLINE void AlibiRow(T* HWY_RESTRICT x, std::size_t n, T slope, std::int64_t
 #if HWY_TARGET != HWY_SCALAR
 /// Philox4x32-10 (Random123's philox4x32, which core/variants.h's dropout_row calls) for the
 /// counters (m0 + c, i, h, b), c < n (n a multiple of the number of 64-bit lanes, 4 words per
-/// counter), key (k0, k1), words written in counter order: out[4c + w] is word w of counter
-/// m0 + c. One counter per 64-bit lane, in the lane's low half: MulEven gives the full 64-bit
-/// product M * x, whose halves are Philox's hi and lo. The high halves of the state are left
+/// counter), key (k0, k1), words written in counter order as 16-bit halves, low half first:
+/// out[8c + 2w + k] is half k of word w of counter m0 + c, the draw of key 8 (m0 + c) + 2w + k
+/// in dropout_row's layout (the 32-bit words reinterpreted as 16-bit lanes, which puts the low
+/// half first on a little-endian machine; asserted below). One counter per 64-bit lane, in the
+/// lane's low half: MulEven gives the full 64-bit product M * x, whose halves are Philox's hi
+/// and lo. The high halves of the state are left
 /// unmasked: they carry garbage, but only reach the next round's multiplication (which reads
 /// the low halves) or the words' low halves taken at the end.
 HWY_INLINE void PhiloxWords(std::uint32_t m0, std::size_t n, std::uint32_t i, std::uint32_t h,
                             std::uint32_t b, std::uint32_t k0, std::uint32_t k1,
-                            std::uint32_t* HWY_RESTRICT out) {
+                            std::uint16_t* HWY_RESTRICT out) {
+  static_assert(std::endian::native == std::endian::little,
+                "the 16-bit halves of the Philox words are taken by a little-endian BitCast");
   const hnv::ScalableTag<std::uint64_t> d64;
   const hnv::Repartition<std::uint32_t, decltype(d64)> d32;
+  const hnv::Repartition<std::uint16_t, decltype(d64)> d16;
   const std::size_t N = hnv::Lanes(d64);
   // Lane k holds counter k / 2 (k even) or N / 2 + k / 2 (k odd): the interleaves at the end
   // take lanes 0, 2, 4 .. of each pair of 128-bit halves first, which leaves the words in order.
@@ -142,15 +149,15 @@ HWY_INLINE void PhiloxWords(std::uint32_t m0, std::size_t n, std::uint32_t i, st
         d64, hnv::OddEven(hnv::BitCast(d32, hnv::ShiftLeft<32>(x1)), hnv::BitCast(d32, x0)));
     const auto w23 = hnv::BitCast(
         d64, hnv::OddEven(hnv::BitCast(d32, hnv::ShiftLeft<32>(x3)), hnv::BitCast(d32, x2)));
-    hnv::StoreU(hnv::BitCast(d32, hnv::InterleaveLower(d64, w01, w23)), d32, out + 4 * c);
-    hnv::StoreU(hnv::BitCast(d32, hnv::InterleaveUpper(d64, w01, w23)), d32, out + 4 * c + 2 * N);
+    hnv::StoreU(hnv::BitCast(d16, hnv::InterleaveLower(d64, w01, w23)), d16, out + 8 * c);
+    hnv::StoreU(hnv::BitCast(d16, hnv::InterleaveUpper(d64, w01, w23)), d16, out + 8 * c + 4 * N);
   }
 }
 #endif
 
-/// The dropout factors of core/variants.h's dropout_row (the same Philox words, the same
-/// threshold, so the same bits) for keys j0 .. j0 + n of query row i, n <= kMaxDropoutKeys,
-/// written to factor[0 .. n).
+/// The dropout factors of core/variants.h's dropout_row (the same Philox words, the same 16-bit
+/// draws and threshold, so the same bits) for keys j0 .. j0 + n of query row i,
+/// n <= kMaxDropoutKeys, written to factor[0 .. n).
 inline constexpr std::int64_t kMaxDropoutKeys = 256;
 template <typename T>
 HWY_INLINE void DropoutFactors(const Variants& v, std::int64_t b, std::int64_t h, std::int64_t i,
@@ -161,33 +168,35 @@ HWY_INLINE void DropoutFactors(const Variants& v, std::int64_t b, std::int64_t h
   if (n <= 0) return;
   const hnv::ScalableTag<std::uint64_t> d64;
   const auto N = static_cast<std::int64_t>(hnv::Lanes(d64));
-  const std::int64_t m0 = j0 >> 2, skip = j0 & 3;
-  const std::int64_t calls = (skip + n + 3) / 4;
-  HWY_ALIGN std::uint32_t words[kMaxDropoutKeys + 4 * (HWY_MAX_BYTES / 8) + 4];
+  // Eight keys per counter: at most (7 + 256 + 7) / 8 = 33 counters, rounded up to N, each
+  // giving 8 draws.
+  const std::int64_t m0 = j0 >> 3, skip = j0 & 7;
+  const std::int64_t calls = (skip + n + 7) / 8;
+  HWY_ALIGN std::uint16_t draws[kMaxDropoutKeys + 8 * (HWY_MAX_BYTES / 8) + 8];
   PhiloxWords(static_cast<std::uint32_t>(m0), static_cast<std::size_t>((calls + N - 1) / N * N),
               static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(h),
               static_cast<std::uint32_t>(b + v.rng_batch_offset),
-              static_cast<std::uint32_t>(v.seed), static_cast<std::uint32_t>(v.seed >> 32), words);
+              static_cast<std::uint32_t>(v.seed), static_cast<std::uint32_t>(v.seed >> 32), draws);
   const std::uint32_t threshold = dropout_threshold(v.dropout_p);
-  const T keep = static_cast<T>(1.0 / (1.0 - v.dropout_p));
-  const std::uint32_t* w = words + skip;
+  const T keep = static_cast<T>(dropout_keep_factor(v.dropout_p));
+  const std::uint16_t* u = draws + skip;
   if constexpr (sizeof(T) == 4) {
     const hnv::ScalableTag<T> df;
     const hnv::RebindToSigned<decltype(df)> di;
+    const hnv::RebindToUnsigned<decltype(df)> du;
+    const hnv::Rebind<std::uint16_t, decltype(df)> d16;  // one 16-bit draw per float lane
     const auto L = static_cast<std::int64_t>(hnv::Lanes(df));
-    // Unsigned w >= threshold as a signed comparison of both with the sign bit flipped.
-    const auto flip = hnv::Set(di, std::numeric_limits<std::int32_t>::min());
-    const auto thr = hnv::Xor(hnv::Set(di, static_cast<std::int32_t>(threshold)), flip);
+    // Draws and threshold are below 2^16: a signed 32-bit comparison is exact.
+    const auto thr = hnv::Set(di, static_cast<std::int32_t>(threshold));
     const auto keepv = hnv::Set(df, keep);
     std::int64_t c = 0;
     for (; c + L <= n; c += L) {
-      const auto x = hnv::Xor(
-          hnv::BitCast(di, hnv::LoadU(hnv::RebindToUnsigned<decltype(df)>(), w + c)), flip);
+      const auto x = hnv::BitCast(di, hnv::PromoteTo(du, hnv::LoadU(d16, u + c)));
       hnv::StoreU(hnv::IfThenZeroElse(hnv::RebindMask(df, hnv::Lt(x, thr)), keepv), df, factor + c);
     }
-    for (; c < n; ++c) factor[c] = w[c] >= threshold ? keep : T(0);
+    for (; c < n; ++c) factor[c] = u[c] >= threshold ? keep : T(0);
   } else {
-    for (std::int64_t c = 0; c < n; ++c) factor[c] = w[c] >= threshold ? keep : T(0);
+    for (std::int64_t c = 0; c < n; ++c) factor[c] = u[c] >= threshold ? keep : T(0);
   }
 #endif
 }

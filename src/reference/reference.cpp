@@ -78,7 +78,8 @@ double row_probabilities(const Problem& p, std::int64_t b, std::int64_t h, std::
   return top + std::log(sum);
 }
 
-// The dropout factors of one row (0 or 1 / (1 - p) per key; all 1 without dropout).
+// The dropout factors of one row (0 or 1 / (1 - p') per key, p' = p rounded to a
+// multiple of 2^-16; all 1 without dropout).
 void row_dropout(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t l,
                  std::vector<double>& factor) {
   if (!p.variants.dropout()) {

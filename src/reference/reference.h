@@ -33,7 +33,7 @@ struct ReferenceMatrices {
   double* scores = nullptr;   // scale * q.k + mask; -inf where the key is invisible to the row
   double* probs = nullptr;    // P = exp(score - lse); 0 where invisible, a row of 0 without keys
   double* dscores = nullptr;  // backward only: dS = P * (dP - D), the gradient on the scores
-  double* dropout = nullptr;  // the dropout factors: 0 (dropped) or 1 / (1 - p); 1 without
+  double* dropout = nullptr;  // the dropout factors: 0 (dropped) or 1 / (1 - p'); 1 without
 };
 
 /// out [B][Hq][L][Ev], lse [B][Hq][L], of dtype p.dtype; each nullable. Without out the P V

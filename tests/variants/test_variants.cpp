@@ -19,7 +19,9 @@
 //   - bad options are refused with an sdpa::Error naming the option.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -403,10 +405,55 @@ TEST(Variants, DropoutDrawsTheReferenceMask) {
   EXPECT_GT(max_abs_diff(fast.out, changed.out), 1e-3);
 }
 
+// The reference's mask, rebuilt here from Random123's philox4x32 by the documented layout:
+// key j draws the 16-bit half (j mod 2, low first) of word (j mod 8) / 2 of the call with
+// counter (j / 8, i, head, batch + offset) and key (seed low, seed high); kept iff the draw is
+// >= round(p * 2^16) (at most 2^16 - 1), with the factor 2^16 / (2^16 - threshold).
+TEST(Variants, DropoutRowIsTheDocumentedRandom123Draw) {
+  // The rounding of p to a multiple of 2^-16: nearest, ties away from zero, capped below 1.
+  EXPECT_EQ(sdpa::detail::dropout_threshold(0.1), 6554u);  // 6553.6
+  EXPECT_EQ(sdpa::detail::dropout_threshold(0.25), 16384u);
+  EXPECT_EQ(sdpa::detail::dropout_threshold(0.4 / 65536), 0u);
+  EXPECT_EQ(sdpa::detail::dropout_threshold(0.5 / 65536), 1u);
+  EXPECT_EQ(sdpa::detail::dropout_threshold(0.999999), 65535u);
+  EXPECT_EQ(sdpa::detail::dropout_keep_factor(0.25), 1 / 0.75);
+  EXPECT_EQ(sdpa::detail::dropout_keep_factor(0.1), 65536.0 / (65536 - 6554));
+  EXPECT_EQ(sdpa::detail::dropout_keep_factor(1e-9), 1.0);
+  std::mt19937_64 rng(97);
+  const r123::Philox4x32 philox;
+  for (int t = 0; t < 200; ++t) {
+    sdpa::detail::Variants v;
+    const double ps[] = {0.1, 0.5, 0.3, 0.999999, 1e-9};
+    v.dropout_p = ps[t % 5];
+    v.seed = rng();
+    v.rng_batch_offset = std::int64_t(rng() % 5);
+    const auto b = std::int64_t(rng() % 7), h = std::int64_t(rng() % 64);
+    const auto i = std::int64_t(rng() % 100000);
+    const auto j0 = std::int64_t(rng() % 5000);
+    const std::int64_t n = 1 + std::int64_t(rng() % 40);
+    std::vector<double> got(std::size_t(n) + 1, -1.0);
+    sdpa::detail::dropout_row(v, b, h, i, j0, n, got.data());
+    const double threshold = std::min(std::round(v.dropout_p * 65536), 65535.0);
+    for (std::int64_t c = 0; c < n; ++c) {
+      const std::int64_t j = j0 + c;
+      const r123::Philox4x32::ctr_type ctr = {{std::uint32_t(j / 8), std::uint32_t(i),
+                                               std::uint32_t(h),
+                                               std::uint32_t(b + v.rng_batch_offset)}};
+      const r123::Philox4x32::key_type key = {{std::uint32_t(v.seed), std::uint32_t(v.seed >> 32)}};
+      const std::uint32_t word = philox(ctr, key).v[(j % 8) / 2];
+      const std::uint32_t u = j % 2 == 0 ? word & 0xffffu : word >> 16;
+      const double want = u >= threshold ? 65536 / (65536 - threshold) : 0.0;
+      ASSERT_EQ(got[std::size_t(c)], want)
+          << "seed " << v.seed << " j " << j << " p " << v.dropout_p;
+    }
+    ASSERT_EQ(got[std::size_t(n)], -1.0) << "wrote past n";
+  }
+}
+
 // The kernel's vectorised Philox4x32-10 gives, on every compiled target, the very factors of the
 // scalar Random123 generator (dropout_row): for seeds using both key words, rows, heads, batch
-// offsets, starts that are not multiples of 4 (mid-counter), counters past 2^31, every length
-// up to a tile and beyond, and probabilities near 0 and 1.
+// offsets, starts that are not multiples of 8 (mid-counter), counters past 2^31, every length
+// up to a tile and beyond, and probabilities near 0 and 1 (and ones that round).
 TEST(Variants, VectorPhiloxIsRandom123OnEveryTarget) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   std::mt19937_64 rng(4321);
@@ -415,15 +462,15 @@ TEST(Variants, VectorPhiloxIsRandom123OnEveryTarget) {
     ASSERT_STREQ(sdpa::detail::fast_kernel_target(), hwy::TargetName(target));
     for (int t = 0; t < 300; ++t) {
       sdpa::detail::Variants v;
-      const double ps[] = {0.1, 0.5, 1e-9, 0.999999, 0.3};
-      v.dropout_p = ps[t % 5];
+      const double ps[] = {0.1, 0.5, 1e-9, 0.999999, 0.3, 0.5 / 65536};
+      v.dropout_p = ps[t % 6];
       v.seed = t < 5 ? std::uint64_t(t) : rng();
       v.rng_batch_offset = std::int64_t(rng() % 5);
       const auto b = std::int64_t(rng() % 7), h = std::int64_t(rng() % 64);
       const auto i = std::int64_t(t % 3 == 0 ? (1ll << 31) + std::int64_t(rng() % 1000)
                                              : std::int64_t(rng() % 100000));
       std::int64_t j0 = std::int64_t(rng() % 5000);
-      if (t % 4 == 0) j0 = 4 * ((std::int64_t{1} << 31) + std::int64_t(rng() % 1000)) + t % 3;
+      if (t % 4 == 0) j0 = 8 * ((std::int64_t{1} << 31) + std::int64_t(rng() % 1000)) + t % 7;
       const std::int64_t n = t < 257 ? t : std::int64_t(rng() % 257);
       std::vector<float> want(std::size_t(n) + 1, -1.0f), got(std::size_t(n) + 1, -1.0f);
       sdpa::detail::dropout_row(v, b, h, i, j0, n, want.data());
