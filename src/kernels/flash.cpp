@@ -306,15 +306,19 @@ void StoreRow(const OutputView& o, int64_t b, int64_t h, int64_t l, const T* src
     S* d = o.row<S>(b, h, l);
     int64_t e = 0;
 #if HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
-    if constexpr (std::is_same_v<S, hwy::float16_t> && std::is_same_v<T, float>) {
-      // F16C's vcvtps2ph rounds to nearest even and quiets NaN keeping the top payload bits,
-      // as core/half.h's float_to_float16 does (the scalar loop was ~1% of a float16 forward).
-      const hn::ScalableTag<float> df;
-      const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-      const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-      const auto f = hn::Set(df, factor);
-      for (; e + lanes <= n; e += lanes) {
-        hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::LoadU(df, src + e), f)), dh, d + e);
+    // Two nested tests: clang checks the non-dependent body of a generic lambda's discarded
+    // branch once T is known, so T's test must be a branch of its own.
+    if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<S, hwy::float16_t>) {
+        // F16C's vcvtps2ph rounds to nearest even and quiets NaN keeping the top payload bits,
+        // as core/half.h's float_to_float16 does (the scalar loop was ~1% of a float16 forward).
+        const hn::ScalableTag<float> df;
+        const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+        const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+        const auto f = hn::Set(df, factor);
+        for (; e + lanes <= n; e += lanes) {
+          hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::LoadU(df, src + e), f)), dh, d + e);
+        }
       }
     }
 #endif
