@@ -351,14 +351,12 @@ void PackTile(const DecodeProblem& p, const Dims& m, const Item& it, int64_t s0,
   }
 }
 
-// One work item: the query rows of kv heads [h0, h0 + nh) of sequence b against keys
-// [s0, s1); leaves the partial running max m, sum l and unnormalised accumulator acc (leading
-// dimension ldv) of every row, rows in (kv head, group member, query) order.
-template <typename T, typename Tc, int kC>
-void DecodeItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w, T* acc,
-                T* mx, T* l) {
-  const hn::ScalableTag<T> d;
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+// Sets up the item's rows, in (kv head, group member, query) order: scale * q padded to Epad in
+// w.qs, each row's last visible key in w.last, running max -inf, sum 0, accumulator 0. Returns
+// the last key any row sees (-1: none).
+template <typename T>
+int64_t StartRows(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w,
+                  T* acc, T* mx, T* l) {
   const int64_t G = m.G, L = m.L;
   const int64_t nrows = it.nh * G * L;
   const int64_t S = p.seq_lens[static_cast<size_t>(it.b)];
@@ -377,6 +375,20 @@ void DecodeItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scr
     l[r] = T(0);
     std::fill_n(acc + r * m.ldv, m.ldv, T(0));
   }
+  return last_any;
+}
+
+// One work item: the query rows of kv heads [h0, h0 + nh) of sequence b against keys
+// [s0, s1); leaves the partial running max m, sum l and unnormalised accumulator acc (leading
+// dimension ldv) of every row, rows in (kv head, group member, query) order.
+template <typename T, typename Tc, int kC>
+void DecodeItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w, T* acc,
+                T* mx, T* l) {
+  const hn::ScalableTag<T> d;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+  const int64_t G = m.G, L = m.L;
+  const int64_t nrows = it.nh * G * L;
+  const int64_t last_any = StartRows(p, m, it, w, acc, mx, l);
   // Keys past every row's last visible key are never read.
   const int64_t end = std::min(it.s1, last_any + 1);
   for (int64_t s0 = it.s0; s0 < end; s0 += kDecodeTile) {
@@ -682,23 +694,7 @@ template <typename T, typename Tc, int kC>
 void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w,
                       T* acc, T* mx, T* l) {
   const int64_t G = m.G, L = m.L;
-  const int64_t nrows = it.nh * G * L;
-  const int64_t S = p.seq_lens[static_cast<size_t>(it.b)];
-  const T scale = static_cast<T>(p.scale);
-  const T* q = static_cast<const T*>(p.q);
-  int64_t last_any = -1;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t h = it.h0 * G + r / L, i = r % L;  // query head, query row
-    const T* src = q + it.b * p.q_sb + h * p.q_sh + i * p.q_sl;
-    T* dst = w.qs + r * m.Epad;
-    for (int64_t e = 0; e < m.E; ++e) dst[e] = scale * src[e];
-    std::fill(dst + m.E, dst + m.Epad, T(0));
-    w.last[r] = LastKey(p, S, i);
-    last_any = std::max(last_any, w.last[r]);
-    mx[r] = kDecodeNegInf<T>;
-    l[r] = T(0);
-    std::fill_n(acc + r * m.ldv, m.ldv, T(0));
-  }
+  const int64_t last_any = StartRows(p, m, it, w, acc, mx, l);
   const Tc* k = static_cast<const Tc*>(p.k);
   const Tc* v = static_cast<const Tc*>(p.v);
   const Tc* zero = reinterpret_cast<const Tc*>(w.zero);

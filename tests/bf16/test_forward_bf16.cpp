@@ -40,6 +40,7 @@ using sdpa::Causal;
 using sdpa::DType;
 using sdpa::Impl;
 using sdpa::test::Case;
+using sdpa::test::make_case;
 
 // x rounded to bfloat16 in place (float32 array); returns the bits.
 std::vector<std::uint16_t> round_to_bf16(Array& x) {
@@ -144,16 +145,10 @@ TEST(ForwardBf16, MatchesReferenceOnOddShapes) {
                                                                             {150, 90, 17, 33}}) {
     for (Causal causal : {Causal::none, Causal::upper_left, Causal::lower_right}) {
       for (int mask_kind : {0, 1, 2}) {
-        Case c;
+        Case c = make_case(L, S, E, Ev, causal, mask_kind);
         c.lead = {2};
         c.Hq = 4;
         c.Hkv = 2;
-        c.L = L;
-        c.S = S;
-        c.E = E;
-        c.Ev = Ev;
-        c.options.causal = causal;
-        c.mask_kind = mask_kind;
         c.options.threads = 2;
         c.options.enable_gqa = true;
         check_case(c, seed++);
@@ -171,16 +166,10 @@ TEST(ForwardBf16, EveryCompiledTarget) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
-    Case c;
+    Case c = make_case(70, 150, 19, 24, Causal::lower_right, 2);
     c.Hq = 4;
     c.Hkv = 2;
-    c.L = 70;
-    c.S = 150;
-    c.E = 19;
-    c.Ev = 24;
-    c.options.causal = Causal::lower_right;
     c.options.enable_gqa = true;
-    c.mask_kind = 2;
     check_case(c, seed++);
     if (HasFatalFailure()) break;
   }
