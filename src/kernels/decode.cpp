@@ -19,7 +19,8 @@
 // Design. Work item = (sequence b, group of kv heads, chunk of keys). An item takes the query
 // rows of its kv heads (G * L per head, scaled by `scale` once) and walks its chunk in tiles
 // of kDecodeTile keys:
-//   read:   direct path (plain attention, E a multiple of the lanes, Ev of kPVWidth vectors):
+//   read:   direct path (plain attention, E a multiple of the lanes, Ev of kPVWidth vectors,
+//           a native SIMD target):
 //           K and V read where they lie, per tile and kv head the G * L rows in blocks of
 //           kDecodeRows; each K (then V) vector loaded feeds every row of the block, so at
 //           G * L = 4 each K/V byte enters a register once. An item holds whole cache rows
@@ -735,6 +736,33 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
   }
 }
 
+// The targets that compile the direct path: not the emulated ones (EMU128, SCALAR), where its
+// unrolled blocks are many times slower to compile than to matter (no x86-64 machine without
+// SSSE3 serves models); they take the packed path for every call.
+constexpr bool kDirectTarget = HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR;
+
+// DecodeItemDirect with the chunk count E / N as a constant where E is 64 or 128 (most models'
+// head sizes) and the count at most 16 vectors: two instances per type and target besides the
+// general one. Sanitizer builds (SDPA_DECODE_GENERIC_ONLY) compile the general one alone: the
+// fixed counts are the same code with constant trip counts, and their clang -O1 instrumented
+// compile otherwise takes most of an hour.
+template <typename T, typename Tc>
+void DirectItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w, T* acc,
+                T* mx, T* l) {
+#ifndef SDPA_DECODE_GENERIC_ONLY
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+  constexpr int kSmall = static_cast<int>(64 / N), kLarge = static_cast<int>(128 / N);
+  const int64_t Ck = m.Epad / N;
+  if constexpr (N > 1 && kSmall <= 16) {
+    if (Ck == kSmall) return DecodeItemDirect<T, Tc, kSmall>(p, m, it, w, acc, mx, l);
+  }
+  if constexpr (N > 1 && kLarge <= 16) {
+    if (Ck == kLarge) return DecodeItemDirect<T, Tc, kLarge>(p, m, it, w, acc, mx, l);
+  }
+#endif
+  DecodeItemDirect<T, Tc, 0>(p, m, it, w, acc, mx, l);
+}
+
 // Merges the partials of the chunks of one output row in chunk order (exact for empty chunks).
 template <typename T>
 void MergeRow(int64_t chunks, int64_t stride_acc, int64_t stride_ml, const T* acc, const T* m,
@@ -776,8 +804,10 @@ void DecodeT(const DecodeProblem& p) {
   m.Epad = flash::round_up(std::max<int64_t>(p.E, 1), N);
   m.Evpad = flash::round_up(std::max<int64_t>(p.Ev, 1), N);
   m.ldv = flash::round_up(m.Evpad, flash::kPad<T>);
-  // The direct path reads K and V in place; the packed one serves masks and ragged sizes.
-  m.direct = p.mask_problem == nullptr && p.E % N == 0 && p.Ev % (N * kPVWidth<decltype(d)>) == 0;
+  // The direct path reads K and V in place, whole vectors of them; the packed one serves masks,
+  // ragged sizes and empty rows (E or Ev = 0, where Epad and Evpad still hold one vector).
+  m.direct = kDirectTarget && p.mask_problem == nullptr && p.E > 0 && p.Ev > 0 && p.E % N == 0 &&
+             p.Ev % (N * kPVWidth<decltype(d)>) == 0;
   // Heads per item: as many as keep the packed tile within kDecodePackBytes, split evenly. The
   // split depends on the shape only (never on the thread count).
   const int64_t tile_bytes = kDecodeTile * (m.Epad + m.Evpad) * static_cast<int64_t>(sizeof(T));
@@ -867,21 +897,13 @@ void DecodeT(const DecodeProblem& p) {
       const Item& it = items[static_cast<size_t>(i)];
       const int64_t row0 = it.slot * rows + it.h0 * G * p.L;
       T* a = part_acc + row0 * m.ldv;
-      // E = Ev = 64 or 128 (most models' head sizes): the chunk count as a constant.
-      if (m.direct) {
-        const int64_t Ck = m.Epad / N;
-        if (Ck == 8) {
-          DecodeItemDirect<T, Tc, 8>(p, m, it, w, a, part_m + row0, part_l + row0);
-        } else if (Ck == 16) {
-          DecodeItemDirect<T, Tc, 16>(p, m, it, w, a, part_m + row0, part_l + row0);
-        } else if (Ck == 4) {
-          DecodeItemDirect<T, Tc, 4>(p, m, it, w, a, part_m + row0, part_l + row0);
-        } else {
-          DecodeItemDirect<T, Tc, 0>(p, m, it, w, a, part_m + row0, part_l + row0);
+      if constexpr (kDirectTarget) {
+        if (m.direct) {
+          DirectItem<T, Tc>(p, m, it, w, a, part_m + row0, part_l + row0);
+          continue;
         }
-      } else {
-        DecodeItem<T, Tc, 0>(p, m, it, w, a, part_m + row0, part_l + row0);
       }
+      DecodeItem<T, Tc, 0>(p, m, it, w, a, part_m + row0, part_l + row0);
     }
     // Merge: each output row is written by one iteration, chunks in order.
 #pragma omp for schedule(static)

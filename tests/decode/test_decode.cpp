@@ -593,6 +593,37 @@ TEST(DecodeForward, NonFiniteValuesOfMaskedKeysNeverReachTheOutput) {
   EXPECT_TRUE(sdpa::test::all_finite(out));
 }
 
+TEST(DecodeForward, EmptyKeyRowsAreNeverRead) {
+  // E = 0: every score is 0, so each row's output is the mean of the value rows it sees. The key
+  // tensor points into a buffer of NaNs: a kernel that reads a padded vector of each empty key
+  // row (instead of nothing) turns the scores into NaN.
+  for (int64_t Ev : {0, 64}) {
+    const int64_t S = 40;
+    std::vector<float> nans(4096, NAN);
+    const sdpa::TensorRef q{nans.data(), DType::float32, {1, 2, 2, 0}};
+    const sdpa::TensorRef k{nans.data(), DType::float32, {1, 2, S, 0}};
+    const Array v = random_array(DType::float32, {1, 2, S, Ev}, 9);
+    sdpa::AttentionOptions o;
+    o.causal = sdpa::Causal::lower_right;
+    Array out(DType::float32, {1, 2, 2, Ev}), lse(DType::float32, {1, 2, 2});
+    sdpa::MutableTensorRef lse_ref = lse.mut();
+    sdpa::attention_forward(q, k, v, nullptr, o, out.mut(), &lse_ref);
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 2; ++i) {
+        const int64_t seen = S - 1 + i;  // lower-right: row i sees keys 0 .. S - 2 + i
+        EXPECT_NEAR(lse.data_as<float>()[h * 2 + i], std::log(double(seen)), 1e-5);
+        for (int64_t e = 0; e < Ev; ++e) {
+          double mean = 0;
+          for (int64_t j = 0; j < seen; ++j) mean += v.data_as<float>()[(h * S + j) * Ev + e];
+          mean /= double(seen);
+          ASSERT_NEAR(out.data_as<float>()[(h * 2 + i) * Ev + e], mean, 1e-5)
+              << "Ev " << Ev << " head " << h << " row " << i << " e " << e;
+        }
+      }
+    }
+  }
+}
+
 TEST(DecodeForward, BitIdenticalForAnyThreadCount) {
   const Array q = random_array(DType::float32, {2, 8, 4, 32}, 1);
   const Array k = random_array(DType::float32, {2, 2, 4100, 32}, 2);
