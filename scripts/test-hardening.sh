@@ -28,7 +28,8 @@ if [[ "$SKIP" != *" asan "* ]]; then
   # The library's test programs and the sdpa program the CLI tests run; not the lab's, train's
   # or report's tests (one of them alone takes ~2 minutes under ASan: numerical experiments).
   targets=(sdpa_cli)
-  asan_tests=(sdpa_core_tests sdpa_kernel_tests sdpa_catalogue_tests sdpa_property_tests)
+  asan_tests=(sdpa_core_tests sdpa_kernel_tests sdpa_decode_tests sdpa_variants_tests sdpa_half_tests
+    sdpa_catalogue_tests sdpa_property_tests)
   available="$(ninja -C "$ASAN_BUILD" -t targets all 2>/dev/null)"
   for t in "${asan_tests[@]}" fuzz_npy_replay fuzz_attention_replay; do
     grep -q "^$t:" <<<"$available" && targets+=("$t")
