@@ -254,15 +254,16 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   detail::Problem p =
       detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
   const Impl impl = effective_impl(p, options.impl, nullptr);
-  // The fused and naive kernels read and write every operand through its strides.
+  // The fused, decode and naive kernels read and write every operand through its strides.
   // Decode-sized queries go to the decode kernel, which serves plain attention only.
-  if ((impl == Impl::fast && (!detail::decode_applies(p) || p.variants.any())) ||
-      (impl == Impl::naive && detail::naive_reads_in_place(p))) {
+  if (impl == Impl::fast || (impl == Impl::naive && detail::naive_reads_in_place(p))) {
     const detail::ContiguousOutput o(out, "out", Copy::unless_flat, lead);
     std::optional<detail::ContiguousOutput> l;
     if (lse != nullptr) l.emplace(*lse, "lse", Copy::unless_flat, lead);
     detail::bind_forward(p, o.ref(), l ? &l->ref() : nullptr);
-    if (impl == Impl::fast) {
+    if (impl == Impl::fast && detail::decode_applies(p) && !p.variants.any()) {
+      detail::decode_forward(p);
+    } else if (impl == Impl::fast) {
       detail::fast_forward(p);
     } else {
       check_naive_scratch(p, 1);
@@ -272,9 +273,8 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
     if (l) l->finish();
     return;
   }
-  // The float64 reference (the oracle), the decode kernel's adapter (short queries; it reads K
-  // and V in place only in C order) and naive on overlapping rows read C order: copies of every
-  // tensor that is not.
+  // The float64 reference (the oracle) and naive on overlapping rows read C order: copies of
+  // every tensor that is not.
   const detail::ContiguousInput q(in.q.ref(), "query"), k(in.k.ref(), "key"),
       v(in.v.ref(), "value");
   detail::Problem pc = detail::resolve_problem(q.ref(), k.ref(), v.ref(), in.mask(), options);
@@ -286,8 +286,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
     case Impl::reference:
       detail::reference_forward(pc, o.data(), lse_data);
       break;
-    case Impl::fast:
-      detail::decode_forward(pc, o.data(), lse_data);
+    case Impl::fast:  // handled above
       break;
     case Impl::naive:
       detail::bind_forward(pc, o.ref(), l ? &l->ref() : nullptr);

@@ -1,10 +1,10 @@
 // Strided tensors (TensorRef::strides): validation, and the copies made for the few cases the
 // kernels do not read in place. The public calls (core/attention.cpp) check every tensor's
-// strides. The fused and naive kernels read and write every operand through its strides
-// (core/problem.h, OperandView), so a tensor is copied for them only when its leading batch
-// dimensions do not flatten into one stride (Copy::unless_flat: a transposed pair of batch
-// dimensions, say). The float64 reference and the decode kernel read C order, so their calls
-// copy every tensor that is not (Copy::unless_c_order). A copied input is gathered into a buffer
+// strides. The fused, decode and naive kernels read and write every operand through its
+// strides (core/problem.h, OperandView), so a tensor is copied for them only when its leading
+// batch dimensions do not flatten into one stride (Copy::unless_flat: a transposed pair of batch
+// dimensions, say). The float64 reference reads C order, so its calls copy every tensor that is
+// not (Copy::unless_c_order). A copied input is gathered into a buffer
 // owned by the call; a copied output is computed into one and scattered into place afterwards.
 #pragma once
 

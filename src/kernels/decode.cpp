@@ -963,7 +963,7 @@ void decode_forward(const DecodeProblem& p) {
 
 bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries; }
 
-void decode_forward(const Problem& p, void* out, void* lse) {
+void decode_forward(const Problem& p) {
   DecodeProblem d;
   d.dtype = p.dtype;
   d.kv_dtype = p.dtype;
@@ -976,28 +976,29 @@ void decode_forward(const Problem& p, void* out, void* lse) {
   d.scale = p.scale;
   d.causal = p.causal;
   d.threads = p.threads;
-  // query [B][Hq][L][E], out [B][Hq][L][Ev], lse [B][Hq][L]
-  d.q = p.query;
-  d.q_sl = p.E;
-  d.q_sh = p.L * p.E;
-  d.q_sb = p.Hq * p.L * p.E;
-  d.out = out;
-  d.o_sl = p.Ev;
-  d.o_sh = p.L * p.Ev;
-  d.o_sb = p.Hq * p.L * p.Ev;
-  d.lse = lse;
-  d.lse_sl = 1;
-  d.lse_sh = p.L;
-  d.lse_sb = p.Hq * p.L;
-  // key [B][Hkv][S][E]: one page per sequence, holding all S keys of every head
-  d.k = p.key;
-  d.v = p.value;
-  d.k_row = p.E;
-  d.k_head = p.S * p.E;
-  d.k_page = p.Hkv * p.S * p.E;
-  d.v_row = p.Ev;
-  d.v_head = p.S * p.Ev;
-  d.v_page = p.Hkv * p.S * p.Ev;
+  // Every operand through its view (core/problem.h): rows of E (Ev) contiguous elements, any
+  // batch, head and row strides, so (B, L, H, E) views and broadcast heads are read in place.
+  d.q = p.q.data;
+  d.q_sl = p.q.sl;
+  d.q_sh = p.q.sh;
+  d.q_sb = p.q.sb;
+  d.out = p.out.data;
+  d.o_sl = p.out.sl;
+  d.o_sh = p.out.sh;
+  d.o_sb = p.out.sb;
+  d.lse = p.lse.data;
+  d.lse_sl = p.lse.sl;
+  d.lse_sh = p.lse.sh;
+  d.lse_sb = p.lse.sb;
+  // Keys and values: one page per sequence, holding all S rows of every head.
+  d.k = p.k.data;
+  d.v = p.v.data;
+  d.k_row = p.k.sl;
+  d.k_head = p.k.sh;
+  d.k_page = p.k.sb;
+  d.v_row = p.v.sl;
+  d.v_head = p.v.sh;
+  d.v_page = p.v.sb;
   d.page_size = std::max<std::int64_t>(p.S, 1);
   d.seq_lens.assign(static_cast<std::size_t>(p.B), p.S);
   d.mask_problem = p.mask.present ? &p : nullptr;

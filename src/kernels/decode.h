@@ -91,8 +91,9 @@ void decode_forward(const DecodeProblem& p);
 /// True when attention_forward's fast implementation hands `p` to the decode kernel.
 bool decode_applies(const Problem& p);
 
-/// The decode kernel for an attention_forward problem (layouts of core/problem.h).
-void decode_forward(const Problem& p, void* out, void* lse);
+/// The decode kernel for an attention_forward problem: reads p.q, p.k, p.v and writes p.out and
+/// p.lse (bind_forward) through their views (core/problem.h), in place whatever their strides.
+void decode_forward(const Problem& p);
 
 /// Name of the Highway target the next decode call would run on.
 const char* decode_kernel_target();

@@ -1,5 +1,5 @@
-// The fused and naive kernels read and write strided operands in place, on every compiled SIMD
-// target:
+// The fused, decode and naive kernels read and write strided operands in place, on every
+// compiled SIMD target:
 //   - (B, H, L, E) views with padded rows, (B, L, H, E) views, slices of a packed (B, L, 3, H, E)
 //     QKV projection and broadcast (stride 0) key/value heads, as inputs;
 //   - out, lse and the gradients written into strided tensors, grad_out read from one;
@@ -342,6 +342,16 @@ TEST(StridedKernels, EveryCompiledTarget) {
     check_strided<double>({2, 2, 1, 67, 70, 9, 16}, Layout::blhe, Layout::blhe, Impl::fast,
                           Causal::upper_left, "float64, gqa");
     check_packed_qkv<float>(2, 3, 70, 32, Causal::upper_left);
+    // Decode-sized queries (L <= 16) take the decode kernel in the forward: its direct path
+    // (E a multiple of the lanes, Ev of 64 floats on every target) and its packed one.
+    check_strided<float>({2, 8, 2, 1, 300, 64, 64}, Layout::blhe, Layout::blhe, Impl::fast,
+                         Causal::lower_right, "decode, direct, gqa");
+    check_strided<float>({2, 4, 4, 5, 135, 24, 40}, Layout::bhle_padded, Layout::bhle_padded,
+                         Impl::fast, Causal::upper_left, "decode, packed, padded rows");
+    check_strided<float>({1, 4, 4, 3, 200, 64, 64}, Layout::blhe, Layout::broadcast_heads,
+                         Impl::fast, Causal::none, "decode, broadcast kv heads");
+    check_strided<double>({2, 2, 1, 4, 70, 16, 32}, Layout::blhe, Layout::blhe, Impl::fast,
+                          Causal::upper_left, "decode, float64, gqa");
     // Every plan of the backward (two passes; one chunk per kv head; three chunks) on strides.
     for (int chunks : {0, 1, 3}) {
       sdpa::detail::set_backward_chunks_for_test(chunks);
