@@ -261,10 +261,12 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
     std::optional<detail::ContiguousOutput> l;
     if (lse != nullptr) l.emplace(*lse, "lse", Copy::unless_flat, lead);
     detail::bind_forward(p, o.ref(), l ? &l->ref() : nullptr);
-    if (impl == Impl::fast && detail::decode_applies(p) && !p.variants.any()) {
-      detail::decode_forward(p);
-    } else if (impl == Impl::fast) {
-      detail::fast_forward(p);
+    if (impl == Impl::fast) {
+      if (detail::decode_applies(p) && !p.variants.any()) {
+        detail::decode_forward(p);
+      } else {
+        detail::fast_forward(p);
+      }
     } else {
       check_naive_scratch(p, 1);
       detail::naive_forward(p);
@@ -281,18 +283,12 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   const detail::ContiguousOutput o(out, "out");
   std::optional<detail::ContiguousOutput> l;
   if (lse != nullptr) l.emplace(*lse, "lse");
-  void* lse_data = l ? l->data() : nullptr;
-  switch (impl) {
-    case Impl::reference:
-      detail::reference_forward(pc, o.data(), lse_data);
-      break;
-    case Impl::fast:  // handled above
-      break;
-    case Impl::naive:
-      detail::bind_forward(pc, o.ref(), l ? &l->ref() : nullptr);
-      check_naive_scratch(pc, 1);
-      detail::naive_forward(pc);
-      break;
+  if (impl == Impl::reference) {
+    detail::reference_forward(pc, o.data(), l ? l->data() : nullptr);
+  } else {
+    detail::bind_forward(pc, o.ref(), l ? &l->ref() : nullptr);
+    check_naive_scratch(pc, 1);
+    detail::naive_forward(pc);
   }
   o.finish();
   if (l) l->finish();
