@@ -337,8 +337,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // scale or without it): then every gradient must come out finite.
   if (want_lse && out.numel() > 0) {
     Filled g = fill(in, dtype, os, false);
+    // The query rows come from q's accepted shape, not from L: a corrupted dimension may have
+    // changed q's row count, which the forward accepts because nothing else depends on it.
     const std::int64_t group = rank >= 3 && ks[rank - 3] > 0 ? qs[rank - 3] / ks[rank - 3] : 1;
-    const double sc = std::max(std::fabs(scale), 1.0), rows = double(L) * double(group);
+    const double sc = std::max(std::fabs(scale), 1.0), rows = double(qs[rank - 2]) * double(group);
     const double ds = 2.0 * double(vs.back()) * g.max_abs * max_v;
     const bool small = g.allocated && g.finite && sc * double(S) * ds * max_k < 1e30 &&
                        sc * rows * ds * max_q < 1e30 && rows * g.max_abs < 1e30 && ds < 1e30;
