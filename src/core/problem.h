@@ -16,11 +16,13 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/variants.h"
@@ -89,14 +91,32 @@ struct OperandView {
   }
 };
 
+/// True when the elements of a (B, H, L, width) view fill one dense block of B H L width
+/// elements starting at row (0, 0, 0), in some order of the dimensions: C order, or a permuted
+/// one such as a (B, L, H, width) tensor read as (B, H, L, width). Sorted by stride, the
+/// dimensions of size > 1 must each step over exactly the extent of those below it.
+inline bool dense_block(const OperandView<false>& v, std::int64_t B, std::int64_t H, std::int64_t L,
+                        std::int64_t width) {
+  std::array<std::pair<std::int64_t, std::int64_t>, 3> dims{{{v.sb, B}, {v.sh, H}, {v.sl, L}}};
+  std::sort(dims.begin(), dims.end());
+  std::int64_t extent = width;
+  for (const auto& [stride, n] : dims) {
+    if (n <= 1) continue;
+    if (stride != extent) return false;
+    extent *= n;
+  }
+  return true;
+}
+
 /// Calls run(pointer, n) over every element of a (B, H, L, width) input view, in runs of n
-/// contiguous elements: one run when the view is C order, one per (b, h) when each head is,
-/// else one per row. (A broadcast dimension's elements are visited once per index.)
+/// contiguous elements: one run when the view fills a dense block (see dense_block), one per
+/// (b, h) when each head is dense, else one per row. The runs' order is not the elements'
+/// (b, h, l) order, and a broadcast dimension's elements are visited once per index.
 template <class T, class F>
 void for_each_run(const OperandView<false>& v, std::int64_t B, std::int64_t H, std::int64_t L,
                   std::int64_t width, F&& run) {
   if (B <= 0 || H <= 0 || L <= 0 || width <= 0) return;
-  if (v.c_order(B, H, L, width)) {
+  if (dense_block(v, B, H, L, width)) {
     run(v.template row<T>(0, 0, 0), B * H * L * width);
     return;
   }

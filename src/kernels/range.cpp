@@ -79,6 +79,13 @@ double MaxFiniteDouble(const double* x, std::int64_t n, bool abs) {
   return r;
 }
 
+// The largest pattern below inf's among the 16-bit patterns x[0..n), sign cleared: float16 and
+// bfloat16 magnitudes sort as their patterns do, as float32's do, and every pattern without its
+// sign is a non-negative int16.
+std::int16_t MaxFinite16(const std::int16_t* x, std::int64_t n, std::int16_t inf) {
+  return MaxFinitePattern<std::int16_t, std::int16_t>(x, n, 0x7fff, inf);
+}
+
 }  // namespace sdpa::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -87,45 +94,52 @@ namespace sdpa::detail {
 
 HWY_EXPORT(MaxFiniteFloat);
 HWY_EXPORT(MaxFiniteDouble);
+HWY_EXPORT(MaxFinite16);
 
 namespace {
 
 // The largest finite |x| of a (B, H, L, width) float32, float16 or bfloat16 operand, read through
-// its strides. The 16-bit patterns without their sign sort as the numbers do too (below the
-// exponent-all-ones patterns of inf and NaN), scanned by a scalar loop: one read of a tensor half
-// the size of a float32 one.
+// its strides in pieces of at most 1 MiB shared out among the threads: a maximum does not depend
+// on the order it is taken in. Read by one thread, these scans (three 32 MiB tensors at
+// (1,8,16384,64)) were a serial part of calls whose own work is small: a sliding window of 1024
+// keys does 1/14 of full attention's.
 double max_finite_abs(const InputView& v, std::int64_t B, std::int64_t H, std::int64_t L,
                       std::int64_t width, int threads) {
-  if (v.dtype == DType::float16 || v.dtype == DType::bfloat16) {
-    const bool f16 = v.dtype == DType::float16;
-    const std::uint16_t inf = f16 ? 0x7c00 : 0x7f80;
-    std::uint16_t best = 0;
-    for_each_run<std::uint16_t>(v, B, H, L, width, [&](const std::uint16_t* x, std::int64_t n) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const auto a = static_cast<std::uint16_t>(x[i] & 0x7fff);
-        if (a < inf && a > best) best = a;
-      }
+  const bool half = v.dtype == DType::float16 || v.dtype == DType::bfloat16;
+  const std::int64_t piece = (std::int64_t{1} << 20) / (half ? 2 : 4);
+  const std::size_t bytes = half ? 2 : 4;
+  std::vector<std::pair<const char*, std::int64_t>> pieces;
+  const auto cut = [&](const char* x, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; i += piece)
+      pieces.emplace_back(x + static_cast<std::size_t>(i) * bytes, std::min(piece, n - i));
+  };
+  if (half) {
+    for_each_run<std::int16_t>(v, B, H, L, width, [&](const std::int16_t* x, std::int64_t n) {
+      cut(reinterpret_cast<const char*>(x), n);
     });
-    return f16 ? float16_to_float(best) : bfloat16_to_float(best);
+  } else {
+    for_each_run<float>(v, B, H, L, width, [&](const float* x, std::int64_t n) {
+      cut(reinterpret_cast<const char*>(x), n);
+    });
   }
-  // Pieces of at most 2^18 floats (1 MiB), shared out among the threads: a maximum does not
-  // depend on the order it is taken in. Read by one thread, these scans (three 32 MiB tensors at
-  // (1,8,16384,64)) were a serial part of calls whose own work is small: a sliding window of
-  // 1024 keys does 1/14 of full attention's.
-  constexpr std::int64_t kPiece = std::int64_t{1} << 18;
-  std::vector<std::pair<const float*, std::int64_t>> pieces;
-  for_each_run<float>(v, B, H, L, width, [&](const float* x, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; i += kPiece)
-      pieces.emplace_back(x + i, std::min(kPiece, n - i));
-  });
   const auto count = static_cast<std::int64_t>(pieces.size());
+  const bool f16 = v.dtype == DType::float16;
+  const auto inf16 = static_cast<std::int16_t>(f16 ? 0x7c00 : 0x7f80);
   double m = 0.0;
 #pragma omp parallel for schedule(static) reduction(max  \
                                                     : m) \
     num_threads(threads) if (threads > 1 && count > 1)
   for (std::int64_t i = 0; i < count; ++i) {
     const auto& [x, n] = pieces[static_cast<std::size_t>(i)];
-    m = std::max<double>(m, HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(x, n, true));
+    double r;
+    if (half) {
+      const auto b = static_cast<std::uint16_t>(
+          HWY_DYNAMIC_DISPATCH(MaxFinite16)(reinterpret_cast<const std::int16_t*>(x), n, inf16));
+      r = f16 ? float16_to_float(b) : bfloat16_to_float(b);
+    } else {
+      r = HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(reinterpret_cast<const float*>(x), n, true);
+    }
+    m = std::max(m, r);
   }
   return m;
 }

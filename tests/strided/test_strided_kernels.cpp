@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/layout.h"
+#include "core/problem.h"
 #include "hwy/highway.h"
 #include "kernels/dispatch.h"
 #include "sdpa/sdpa.h"
@@ -403,3 +404,49 @@ TEST(StridedKernels, UnflattenableBatchIsCopied) {
 }
 
 }  // namespace
+
+// for_each_run (the range guard's reader) visits exactly the elements of a view, each once per
+// index, whatever the strides: C order and permuted dense blocks in one run, padded rows and
+// broadcast heads in pieces. The multiset of visited offsets is compared with the view's own.
+TEST(StridedKernels, RunsCoverEveryElementOfAView) {
+  struct Case {
+    const char* name;
+    int64_t B, H, L, W, sb, sh, sl;
+    bool one_run;
+  };
+  constexpr int64_t B = 2, H = 3, L = 5, W = 4;
+  const Case cases[] = {
+      {"C order", B, H, L, W, H * L * W, L * W, W, true},
+      {"(B, L, H, W) read as (B, H, L, W)", B, H, L, W, L * H * W, W, H * W, true},
+      {"(H, B, L, W) read as (B, H, L, W)", B, H, L, W, L * W, B * L * W, W, true},
+      {"(L, H, B, W) read as (B, H, L, W)", B, H, L, W, W, B * W, H * B * W, true},
+      {"padded rows", B, H, L, W, H * L * (W + 3), L * (W + 3), W + 3, false},
+      {"broadcast heads", B, H, L, W, L * W, 0, W, false},
+      {"one head, odd head stride", B, 1, L, W, L * W, 999, W, true},
+      {"same stride twice", B, H, L, W, W, W, H * W, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> buf(1000);
+    sdpa::detail::InputView v;
+    v.data = buf.data();
+    v.sb = c.sb;
+    v.sh = c.sh;
+    v.sl = c.sl;
+    EXPECT_EQ(sdpa::detail::dense_block(v, c.B, c.H, c.L, c.W), c.one_run);
+    std::vector<int64_t> want, got;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t l = 0; l < c.L; ++l)
+          for (int64_t e = 0; e < c.W; ++e) want.push_back(v.offset(b, h, l) + e);
+    int runs = 0;
+    sdpa::detail::for_each_run<float>(v, c.B, c.H, c.L, c.W, [&](const float* x, int64_t n) {
+      ++runs;
+      for (int64_t i = 0; i < n; ++i) got.push_back(x - buf.data() + i);
+    });
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want);
+    if (c.one_run) EXPECT_EQ(runs, 1);
+  }
+}
