@@ -447,6 +447,8 @@ TEST(StridedKernels, RunsCoverEveryElementOfAView) {
     std::sort(want.begin(), want.end());
     std::sort(got.begin(), got.end());
     EXPECT_EQ(got, want);
-    if (c.one_run) EXPECT_EQ(runs, 1);
+    if (c.one_run) {
+      EXPECT_EQ(runs, 1);
+    }
   }
 }
