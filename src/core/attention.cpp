@@ -168,7 +168,12 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
       }
     }
   }
-  if (requested != Impl::reference && p.dtype == DType::float32 &&
+  // The decode kernel verifies its float32 results itself and recomputes the rows that
+  // overflowed (kernels/decode.cpp): the bound below would read all of K and V, as much memory
+  // as such a call's whole work.
+  const bool decode = requested == Impl::fast && grad_out == nullptr && detail::decode_applies(p) &&
+                      !p.variants.any();
+  if (requested != Impl::reference && p.dtype == DType::float32 && !decode &&
       detail::float32_may_overflow(p, grad_out)) {
     return Impl::reference;
   }

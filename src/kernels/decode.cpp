@@ -949,15 +949,138 @@ std::int64_t decode_chunk_keys(std::int64_t S) {
   return flash::round_up(std::max(even, kDecodeMinChunk), kDecodeTile);
 }
 
+namespace {
+
+// Element e of key (or value) row s of kv head hkv of sequence b, widened to double.
+double cache_at(const DecodeProblem& p, const void* base, std::int64_t page_stride,
+                std::int64_t row_stride, std::int64_t head_stride, std::int64_t b, std::int64_t hkv,
+                std::int64_t s, std::int64_t e) {
+  const std::int64_t page =
+      p.block_table != nullptr ? p.block_table[b * p.max_blocks + s / p.page_size] : b;
+  const std::int64_t at =
+      page * page_stride + (s % p.page_size) * row_stride + hkv * head_stride + e;
+  switch (p.kv_dtype) {
+    case DType::float16:
+      return float16_to_float(static_cast<const std::uint16_t*>(base)[at]);
+    case DType::bfloat16:
+      return bfloat16_to_float(static_cast<const std::uint16_t*>(base)[at]);
+    default:
+      return static_cast<const float*>(base)[at];
+  }
+}
+
+// Row (b, h, l) of a float32 decode call recomputed in double: scores scale * q . k (mask
+// added, as mask_row states), a two-pass softmax and P V, rounded once to float32. Keys with
+// score -inf (invisible, masked) never touch their value rows. Serial and O(S (E + Ev)): it
+// runs only for the rows that verify_rows finds suspect. scores and acc are scratch of at least
+// seq_lens[b] and Ev doubles.
+void exact_row(const DecodeProblem& p, std::int64_t b, std::int64_t h, std::int64_t l,
+               std::vector<double>& scores, std::vector<double>& acc) {
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  const std::int64_t n = p.seq_lens[static_cast<std::size_t>(b)];
+  const std::int64_t hkv = h / (p.Hq / p.Hkv);
+  const float* q =
+      p.E > 0 ? static_cast<const float*>(p.q) + b * p.q_sb + h * p.q_sh + l * p.q_sl : nullptr;
+  double* s = scores.data();
+  if (p.mask_problem != nullptr) {
+    std::fill(s, s + n, 0.0);
+    flash::mask_row(*p.mask_problem, b, h, l, 0, n, n, s);
+  } else {
+    const std::int64_t last = p.causal == Causal::upper_left    ? l
+                              : p.causal == Causal::lower_right ? l + n - p.L
+                                                                : n - 1;
+    for (std::int64_t j = 0; j < n; ++j) s[j] = j <= last ? 0.0 : kNegInf;
+  }
+  double m = kNegInf;
+  bool nan = false;
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (s[j] == kNegInf) continue;
+    double dot = 0.0;
+    for (std::int64_t e = 0; e < p.E; ++e) {
+      dot += double(q[e]) * cache_at(p, p.k, p.k_page, p.k_row, p.k_head, b, hkv, j, e);
+    }
+    s[j] += p.scale * dot;
+    if (std::isnan(s[j])) nan = true;
+    m = std::max(m, s[j]);
+  }
+  std::fill(acc.begin(), acc.begin() + p.Ev, 0.0);
+  double sum = 0.0;
+  if (!nan && m != kNegInf) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (s[j] == kNegInf) continue;
+      const double w = std::exp(s[j] - m);  // m = +inf: inf - inf gives NaN, as the maths does
+      sum += w;
+      for (std::int64_t e = 0; e < p.Ev; ++e) {
+        acc[e] += w * cache_at(p, p.v, p.v_page, p.v_row, p.v_head, b, hkv, j, e);
+      }
+    }
+  }
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  if (p.Ev > 0) {
+    float* out = static_cast<float*>(p.out) + b * p.o_sb + h * p.o_sh + l * p.o_sl;
+    for (std::int64_t e = 0; e < p.Ev; ++e) {
+      out[e] = static_cast<float>(nan ? kNaN : m == kNegInf ? 0.0 : acc[e] / sum);
+    }
+  }
+  static_cast<float*>(p.lse)[b * p.lse_sb + h * p.lse_sh + l * p.lse_sl] =
+      static_cast<float>(nan            ? kNaN
+                         : m == kNegInf ? kNegInf
+                                        : m + std::log(sum));
+}
+
+}  // namespace
+
+// Float32 calls are computed in float32 and then verified, instead of bounding every
+// intermediate beforehand from the inputs' magnitudes as the fused kernel's callers do
+// (kernels/range.cpp): that bound reads all of K and V, as much memory as the decode itself,
+// and would double its time. The verification reads only the outputs. An intermediate that
+// passes float32's range leaves a trace there: a score of +inf or NaN (from scale * q, q . k or
+// a mask value) makes its row's max, exp and sum NaN; an accumulator of +-inf (S values near
+// 3e38) makes out non-finite; and scores that all overflow to -inf leave lse = -inf. A score
+// that alone overflows to -inf while others stay finite has probability exp(-3e38) = 0 either
+// way. So every row whose out is not finite or whose lse is not finite (NaN, -inf: no visible
+// key, or all scores overflowed) is recomputed exactly in double (exact_row), and the others
+// are the kernel's. Rows that the maths makes non-finite (NaN inputs) or empty (fully masked)
+// come out of exact_row as the reference gives them.
 void decode_forward(const DecodeProblem& p) {
   if (p.dtype == DType::float64) {
     HWY_DYNAMIC_DISPATCH(DecodeDouble)(p);
-  } else if (p.kv_dtype == DType::float16) {
-    HWY_DYNAMIC_DISPATCH(DecodeFloat16Cache)(p);
-  } else if (p.kv_dtype == DType::bfloat16) {
-    HWY_DYNAMIC_DISPATCH(DecodeBfloat16Cache)(p);
+    return;
+  }
+  DecodeProblem d = p;
+  std::vector<float> lse;  // lse is needed to verify, asked for or not
+  if (d.lse == nullptr) {
+    lse.resize(static_cast<std::size_t>(d.batch * d.Hq * d.L));
+    d.lse = lse.data();
+    d.lse_sb = d.Hq * d.L;
+    d.lse_sh = d.L;
+    d.lse_sl = 1;
+  }
+  std::int64_t longest = 0;
+  for (const std::int64_t n : d.seq_lens) longest = std::max(longest, n);
+  // Allocated before anything is written, so that a refused allocation leaves out untouched.
+  std::vector<double> scores(static_cast<std::size_t>(longest)),
+      acc(static_cast<std::size_t>(d.Ev));
+  if (d.kv_dtype == DType::float16) {
+    HWY_DYNAMIC_DISPATCH(DecodeFloat16Cache)(d);
+  } else if (d.kv_dtype == DType::bfloat16) {
+    HWY_DYNAMIC_DISPATCH(DecodeBfloat16Cache)(d);
   } else {
-    HWY_DYNAMIC_DISPATCH(DecodeFloat)(p);
+    HWY_DYNAMIC_DISPATCH(DecodeFloat)(d);
+  }
+  for (std::int64_t b = 0; b < d.batch; ++b) {
+    for (std::int64_t h = 0; h < d.Hq; ++h) {
+      for (std::int64_t l = 0; l < d.L; ++l) {
+        bool ok = std::isfinite(
+            static_cast<const float*>(d.lse)[b * d.lse_sb + h * d.lse_sh + l * d.lse_sl]);
+        if (ok && d.Ev > 0) {  // an empty out may have no data at all
+          const float* out =
+              static_cast<const float*>(d.out) + b * d.o_sb + h * d.o_sh + l * d.o_sl;
+          for (std::int64_t e = 0; ok && e < d.Ev; ++e) ok = std::isfinite(out[e]);
+        }
+        if (!ok) exact_row(d, b, h, l, scores, acc);
+      }
+    }
   }
 }
 

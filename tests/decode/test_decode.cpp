@@ -593,6 +593,84 @@ TEST(DecodeForward, NonFiniteValuesOfMaskedKeysNeverReachTheOutput) {
   EXPECT_TRUE(sdpa::test::all_finite(out));
 }
 
+// The decode kernel computes float32 calls in float32 and recomputes in double the rows whose
+// output shows an overflow. Heads of one call: 0 ordinary; 1 scores near 1e40 of both signs;
+// 2 every score below -3.4e38 (each overflows to -inf in float32); 3 values of 3e38 (the sum of
+// P V overflows); with a float mask that hides some keys by -inf, masks one row entirely and
+// adds finfo.min to others (an ordinary row then: every score rounds to -3.4e38).
+TEST(DecodeForward, RowsPastFloat32RangeAreExact) {
+  const int64_t H = 4, L = 3, S = 1300, E = 24;
+  Array q = random_array(DType::float32, {1, H, L, E}, 21);
+  Array k = random_array(DType::float32, {1, H, S, E}, 22);
+  Array v = random_array(DType::float32, {1, H, S, E}, 23);
+  float* qd = q.data_as<float>();
+  float* kd = k.data_as<float>();
+  float* vd = v.data_as<float>();
+  for (int64_t i = 0; i < L * E; ++i) {
+    qd[1 * L * E + i] *= 1e20f;
+    qd[2 * L * E + i] = std::fabs(qd[2 * L * E + i]) * 1e20f;
+  }
+  for (int64_t i = 0; i < S * E; ++i) {
+    kd[1 * S * E + i] *= 1e20f;
+    kd[2 * S * E + i] = -std::fabs(kd[2 * S * E + i]) * 1e20f;
+    vd[3 * S * E + i] = vd[3 * S * E + i] < 0 ? -3e38f : 3e38f;
+  }
+  Array mask(DType::float32, {1, H, L, S});
+  float* md = mask.data_as<float>();
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t s = 0; s < S; ++s) {
+        float m = s % 5 == 1 ? -INFINITY : 0.0f;
+        if (l == 1 && h == 0) m = -INFINITY;                           // fully masked
+        if (l == 2 && h == 0) m = -std::numeric_limits<float>::max();  // finfo.min everywhere
+        md[((h * L) + l) * S + s] = m;
+      }
+    }
+  }
+  const sdpa::TensorRef mask_ref = mask.ref();
+  Array ref(DType::float64, {1, H, L, E}), ref_lse(DType::float64, {1, H, L});
+  {
+    sdpa::AttentionOptions o;
+    o.impl = sdpa::Impl::reference;
+    const sdpa::MutableTensorRef l = ref_lse.mut();
+    sdpa::attention_forward(q.astype(DType::float64), k.astype(DType::float64),
+                            v.astype(DType::float64), &mask_ref, o, ref.mut(), &l);
+  }
+  Array first(DType::float32, {1, H, L, E});
+  for (int threads : {1, 2, 3}) {
+    sdpa::AttentionOptions o;
+    o.threads = threads;
+    Array out(DType::float32, {1, H, L, E}), lse(DType::float32, {1, H, L});
+    const sdpa::MutableTensorRef lse_m = lse.mut();
+    sdpa::attention_forward(q, k, v, &mask_ref, o, out.mut(), &lse_m);
+    for (int64_t h = 0; h < H; ++h) {
+      const double scale = h == 3 ? 3e38 : 1.0;
+      const double tol = h == 0 ? 2e-5 : 1e-6;  // heads 1-3 are recomputed in double
+      for (int64_t l = 0; l < L; ++l) {
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t i = (h * L + l) * E + e;
+          ASSERT_TRUE(std::isfinite(get(out, i))) << "head " << h << " row " << l;
+          ASSERT_NEAR(get(out, i) / scale, get(ref, i) / scale, tol)
+              << "head " << h << " row " << l;
+        }
+        const double want = static_cast<float>(get(ref_lse, h * L + l));
+        const double got = get(lse, h * L + l);
+        if (std::isinf(want)) {
+          EXPECT_EQ(got, want) << "lse, head " << h << " row " << l;
+        } else {
+          EXPECT_NEAR(got, want, tol * std::max(1.0, std::fabs(want)))
+              << "lse, head " << h << " row " << l;
+        }
+      }
+    }
+    if (threads == 1) {
+      first = out.astype(DType::float32);
+    } else {
+      EXPECT_EQ(std::memcmp(out.data(), first.data(), out.nbytes()), 0) << threads << " threads";
+    }
+  }
+}
+
 TEST(DecodeForward, EmptyKeyRowsAreNeverRead) {
   // E = 0: every score is 0, so each row's output is the mean of the value rows it sees. The key
   // tensor points into a buffer of NaNs: a kernel that reads a padded vector of each empty key

@@ -107,6 +107,39 @@ def test_defaults_whole_cache_and_plain_out():
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("page", [0, 16])
+def test_logits_past_float32_range_give_the_exact_result(page):
+    """Scores past float32's range (q and k of 1e20: q.k ~ 1e40), scores that all overflow to
+    -inf, and value sums past it (values of 3e38) are computed in float32 and overflow there;
+    those rows come out exact, as the float64 reference gives them, and the ordinary heads of the
+    same call stay within the float32 contract."""
+    rng = np.random.default_rng(11)
+    batch, L, Hq, Hkv, E, Ev, capacity = 2, 2, 8, 4, 32, 16, 1600
+    q, kc, vc, _, _, _, table = make(rng, np.float32, batch, L, Hq, Hkv, E, Ev, page, capacity,
+                                     [0] * batch, 0)
+    sl = np.array([1600, 1100], dtype=np.int32)
+    q[:, :, 2:4] *= 1e20  # kv head 1: huge scores of both signs
+    kc[:, :, 1] *= 1e20
+    q[:, :, 4:6] = np.abs(q[:, :, 4:6]) * 1e20  # kv head 2: every score below -3.4e38
+    kc[:, :, 2] = -np.abs(kc[:, :, 2]) * 1e20
+    vc[:, :, 3] = np.sign(vc[:, :, 3]) * 3e38  # kv head 3: value sums past float32's range
+    out, lse = sdpa.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, block_table=table,
+                                           causal=True, return_lse=True, threads=2)
+    ref, ref_lse = reference(q, kc, vc, sl, table, True)
+    assert np.all(np.isfinite(out))
+    # lse near +-1e40 is past float32's range: it rounds to +-inf, as the reference's does.
+    with np.errstate(over="ignore"):
+        ref_lse32 = ref_lse.astype(np.float32)
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(ref_lse32))
+    for h in range(Hq):
+        scale = np.abs(vc[..., h // 2, :]).max()
+        tol = 2e-5 if h < 2 else 1e-6  # heads 2..7 are recomputed in float64
+        np.testing.assert_allclose(out[:, :, h] / scale, ref[:, :, h] / scale, atol=tol, rtol=0,
+                                   err_msg=f"head {h}")
+        np.testing.assert_allclose(lse[:, h], ref_lse32[:, h], rtol=tol,
+                                   err_msg=f"lse head {h}")
+
+
 def test_same_result_for_any_thread_count():
     rng = np.random.default_rng(4)
     q, kc, vc, _, _, sl, table = make(rng, np.float32, 2, 2, 8, 2, 32, 32, 16, 3200, [3199, 1500],
