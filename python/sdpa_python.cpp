@@ -151,8 +151,36 @@ struct Input {
 
 enum class Role { floating, mask };
 
+/// Whether an argument may reach the C++ API as a strided view (the attention functions, which
+/// read any strides with a contiguous last dimension in place) or must be C-contiguous (the
+/// row-wise softmax functions, which walk the data row after row).
+enum class Layout { strided, c_order };
+
+/// The strides of `a` in elements when the C++ API can read it where it lies: aligned, native
+/// byte order, every stride a non-negative multiple of the item size and the last dimension
+/// contiguous (or of size <= 1). Empty otherwise.
+std::optional<std::vector<std::int64_t>> element_strides(const py::array& a) {
+  if (!a.attr("flags").attr("aligned").cast<bool>() || !a.dtype().attr("isnative").cast<bool>()) {
+    return std::nullopt;
+  }
+  const auto item = static_cast<py::ssize_t>(a.itemsize());
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(a.ndim()));
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    const py::ssize_t st = a.strides(i);
+    if (a.shape(i) <= 1) {
+      strides[static_cast<std::size_t>(i)] = 0;  // never stepped over
+      continue;
+    }
+    if (st < 0 || st % item != 0) return std::nullopt;
+    strides[static_cast<std::size_t>(i)] = st / item;
+  }
+  if (a.ndim() > 0 && a.shape(a.ndim() - 1) > 1 && strides.back() != 1) return std::nullopt;
+  return strides;
+}
+
 /// Converts `obj` (a NumPy array or anything numpy.asarray accepts) for argument `what`.
-Input prepare(const py::handle& obj, const std::string& what, Role role) {
+Input prepare(const py::handle& obj, const std::string& what, Role role,
+              Layout layout = Layout::c_order) {
   const py::module_ np = py::module_::import("numpy");
   py::array a = np.attr("asarray")(obj);
   const py::dtype dt = a.dtype();
@@ -185,8 +213,18 @@ Input prepare(const py::handle& obj, const std::string& what, Role role) {
     }
     if (any) a = a[index];
   }
-  // Zero-copy when `a` is already C-contiguous, aligned, of native byte order: np.require
-  // returns the very same object then ('E': a plain ndarray, not a subclass).
+  // Zero-copy for a strided view the C++ API reads in place (the attention functions), and for
+  // a C-contiguous, aligned array of native byte order: np.require returns the very same object
+  // then ('E': a plain ndarray, not a subclass).
+  if (layout == Layout::strided && py::isinstance(a, np.attr("ndarray")) &&
+      a.get_type().is(np.attr("ndarray"))) {
+    if (const auto strides = element_strides(a)) {
+      Input in;
+      in.array = a;
+      in.ref = sdpa::TensorRef{a.data(), *d, shape_of(a), *strides};
+      return in;
+    }
+  }
   py::list requirements;
   for (const char* r : {"C", "A", "E"}) requirements.append(r);
   a = np.attr("require")(a, native_dtype(*d), requirements);
@@ -335,9 +373,12 @@ struct AttentionInputs {
 
 AttentionInputs prepare_inputs(const py::handle& query, const py::handle& key,
                                const py::handle& value, const py::handle& attn_mask) {
-  AttentionInputs in{prepare(query, "query", Role::floating), prepare(key, "key", Role::floating),
-                     prepare(value, "value", Role::floating), std::nullopt};
-  if (!attn_mask.is_none()) in.mask = prepare(attn_mask, "attn_mask", Role::mask);
+  AttentionInputs in{prepare(query, "query", Role::floating, Layout::strided),
+                     prepare(key, "key", Role::floating, Layout::strided),
+                     prepare(value, "value", Role::floating, Layout::strided), std::nullopt};
+  if (!attn_mask.is_none()) {
+    in.mask = prepare(attn_mask, "attn_mask", Role::mask, Layout::strided);
+  }
   return in;
 }
 
@@ -405,9 +446,9 @@ py::tuple backward(const py::object& query, const py::object& key, const py::obj
         make_options({is_causal, scale, enable_gqa, causal, impl, threads});
     apply_variant_keywords(options, variants);
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
-    const Input out_in = prepare(out, "out", Role::floating);
-    const Input lse_in = prepare(lse, "lse", Role::floating);
-    const Input grad_in = prepare(grad_out, "grad_out", Role::floating);
+    const Input out_in = prepare(out, "out", Role::floating, Layout::strided);
+    const Input lse_in = prepare(lse, "lse", Role::floating, Layout::strided);
+    const Input grad_in = prepare(grad_out, "grad_out", Role::floating, Layout::strided);
     const sdpa::DType d = in.query.ref.dtype;
     py::array dq = new_array(d, in.query.ref.shape);
     const sdpa::DType dkv = in.key.ref.dtype;  // a 16-bit KV's gradients have its dtype
@@ -745,7 +786,9 @@ PYBIND11_MODULE(_sdpa, m) {
   m.def(
       "_prepared",
       [](const py::object& x, bool mask) {
-        return prepare(x, mask ? "attn_mask" : "query", mask ? Role::mask : Role::floating).array;
+        return prepare(x, mask ? "attn_mask" : "query", mask ? Role::mask : Role::floating,
+                       Layout::strided)
+            .array;
       },
       py::arg("x"), py::arg("mask") = false);
 

@@ -102,10 +102,18 @@ def test_zero_copy_for_contiguous_inputs():
     assert sdpa._prepared(m, mask=True) is m
 
 
+def test_strided_views_are_read_in_place():
+    """Views whose last dimension is contiguous reach the C++ API with their strides: a
+    (B, S, H, E) KV cache transposed to (B, H, S, E), strided slices, broadcast batches."""
+    base = np.arange(2 * 5 * 3 * 4, dtype=np.float32).reshape(2, 5, 3, 4)
+    for view in (base.transpose(0, 2, 1, 3), base[:, ::2], np.broadcast_to(base[:1], (4, 5, 3, 4))):
+        got = sdpa._prepared(view)
+        assert got is view or (np.shares_memory(got, base) and got.strides == view.strides)
+
+
 def test_copy_for_other_layouts():
     base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-    for view in (base.transpose(0, 2, 1), base[:, ::2, :], np.broadcast_to(base[:1], (4, 3, 4)),
-                 base.astype(">f4")):
+    for view in (base.transpose(0, 2, 1), base[:, :, ::2], base[:, ::-1, :], base.astype(">f4")):
         got = sdpa._prepared(view)
         assert got.flags.c_contiguous and got.flags.aligned and got.dtype.isnative
         assert not np.shares_memory(got, base)
