@@ -830,6 +830,10 @@ void DecodeT(const DecodeProblem& p) {
     const int64_t split =
         std::clamp<int64_t>(flash::ceil_div(16, std::max<int64_t>(slots, 1)), 1, p.Hkv);
     m.heads_per_item = flash::ceil_div(p.Hkv, split);
+    // A head-major cache ((B, Hkv, S, E) in C order: each head's rows one block) is walked one
+    // head per item instead: the item then reads one stream of K and one of V, front to back,
+    // where all heads together would read 2 Hkv streams.
+    if (p.Hkv > 1 && p.k_head > p.k_row && p.v_head > p.v_row) m.heads_per_item = 1;
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
   const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
