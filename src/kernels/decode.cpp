@@ -687,6 +687,15 @@ HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_
   }
 }
 
+#ifndef SDPA_DECODE_AHEAD
+#define SDPA_DECODE_AHEAD 2
+#endif
+// The direct path over 16-bit caches prefetches the K and V rows of the tile this many tiles
+// ahead (Hq 32, Hkv 8, S 32768, E 128, 2 Zen 5 threads: float16 10.6 -> 7.1 ms, bfloat16
+// 10.4 -> 6.7 ms). Over float32 caches, whose rows the hardware prefetchers already stream, the
+// same prefetches made the call slower (11.9 -> 13.0 ms), so they are left out there.
+constexpr int64_t kDecodeAheadTiles = SDPA_DECODE_AHEAD;
+
 // One work item read in place: for each tile, for each kv head, the head's G * L query rows in
 // blocks of up to kDecodeRows. Same contract and partials as DecodeItem (and the same order of
 // every sum per row, whatever the blocking), without the packed copy. Needs no mask problem,
@@ -705,14 +714,27 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
   const int64_t gl = G * L;
   // Keys past every row's last visible key are never read.
   const int64_t end = std::min(it.s1, last_any + 1);
+  int64_t ko_pf[kDecodeTile], vo_pf[kDecodeTile];
+  const int64_t kbytes = m.E * static_cast<int64_t>(sizeof(Tc));
+  const int64_t vbytes = m.Ev * static_cast<int64_t>(sizeof(Tc));
   for (int64_t s0 = it.s0; s0 < end; s0 += kDecodeTile) {
     const int64_t kc = std::min(kDecodeTile, end - s0);
     for (int64_t j = 0; j < kc; ++j) RowOffsets(p, it.b, s0 + j, &ko[j], &vo[j]);
+    const int64_t s_pf = s0 + kDecodeAheadTiles * kDecodeTile;
+    const int64_t n_pf =
+        sizeof(Tc) < sizeof(T) ? std::clamp<int64_t>(end - s_pf, 0, kDecodeTile) : 0;
+    for (int64_t j = 0; j < n_pf; ++j) RowOffsets(p, it.b, s_pf + j, &ko_pf[j], &vo_pf[j]);
     for (int64_t hh = 0; hh < it.nh; ++hh) {
       const int64_t h = it.h0 + hh;
       for (int64_t j = 0; j < kDecodeTile; ++j) {
         kp[j] = j < kc ? k + ko[j] + h * p.k_head : zero;
         vp[j] = j < kc ? v + vo[j] + h * p.v_head : zero;
+      }
+      for (int64_t j = 0; j < n_pf; ++j) {
+        const char* kr = reinterpret_cast<const char*>(k + ko_pf[j] + h * p.k_head);
+        const char* vr = reinterpret_cast<const char*>(v + vo_pf[j] + h * p.v_head);
+        for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(kr + b);
+        for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(vr + b);
       }
       const int64_t rb = hh * gl;
       int64_t r = 0;
