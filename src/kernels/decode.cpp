@@ -998,7 +998,7 @@ double cache_at(const DecodeProblem& p, const void* base, std::int64_t page_stri
 // Row (b, h, l) of a float32 decode call recomputed in double: scores scale * q . k (mask
 // added, as mask_row states), a two-pass softmax and P V, rounded once to float32. Keys with
 // score -inf (invisible, masked) never touch their value rows. Serial and O(S (E + Ev)): it
-// runs only for the rows that verify_rows finds suspect. scores and acc are scratch of at least
+// runs only for the rows that decode_forward finds suspect. scores and acc are scratch of at least
 // seq_lens[b] and Ev doubles.
 void exact_row(const DecodeProblem& p, std::int64_t b, std::int64_t h, std::int64_t l,
                std::vector<double>& scores, std::vector<double>& acc) {
