@@ -75,6 +75,7 @@ void BM_Forward(benchmark::State& state) {
     state.SkipWithError("this CPU has no AVX512_BF16");
     return;
   }
+  const bf16::ScopedPairsInKernel pairs(1);  // the vdpbf16ps path, whichever the CPU's choice
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   const std::vector<std::int64_t> shape{1, H, N, E};
@@ -130,6 +131,7 @@ void BM_Backward(benchmark::State& state) {
     state.SkipWithError("this CPU has no AVX512_BF16");
     return;
   }
+  const bf16::ScopedPairsInKernel pairs(1);  // the vdpbf16ps path, whichever the CPU's choice
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   const std::vector<std::int64_t> shape{1, H, N, E};

@@ -629,14 +629,14 @@ void ForwardT(const Problem& p) {
 
 // ---- forward on bfloat16 inputs with vdpbf16ps -------------------------------------------------
 // The float32 forward's algorithm with both products on bfloat16 pairs (kernels/gemm_bf16.h),
-// run only where bf16::native() (elsewhere bfloat16 inputs are converted to float32 and take
-// ForwardT<float>). Arithmetic: each product of two bfloat16 is exact in float32 and accumulates
-// in float32; S = scale * (Q K^T) (the scale is applied to the float32 product, not rounded into
-// Q); the softmax (max, exp, sum, rescale) is float32 as in ForwardT; P is rounded to bfloat16
-// before P V, as FlashAttention-2 and PyTorch's CPU flash kernel round it to the input type,
-// while the row sum l is taken over the unrounded P (as they do): that halves the P V product's
-// cost, and the rounding (relative 2^-9 per probability, independent across keys) stays within
-// the error of the naive bfloat16 implementation, which stores P in bfloat16 too. out is
+// run only where bf16::pairs_in_kernel() (elsewhere bfloat16 inputs are converted to float32 and
+// take ForwardT<float>). Arithmetic: each product of two bfloat16 is exact in float32 and
+// accumulates in float32; S = scale * (Q K^T) (the scale is applied to the float32 product, not
+// rounded into Q); the softmax (max, exp, sum, rescale) is float32 as in ForwardT; P is rounded to
+// bfloat16 before P V, as FlashAttention-2 and PyTorch's CPU flash kernel round it to the input
+// type, while the row sum l is taken over the unrounded P (as they do): that halves the P V
+// product's cost, and the rounding (relative 2^-9 per probability, independent across keys) stays
+// within the error of the naive bfloat16 implementation, which stores P in bfloat16 too. out is
 // rounded to bfloat16 once, at the end; lse is float32. vdpbf16ps treats bfloat16 denormals
 // (below 2^-126) as zero, far below any score or value that moves a bfloat16 result.
 // Packed per call: K^T tiles as pairs along E ([B*Hkv][nkt][E2][kKeyTile], E2 = ceil(E / 2))
@@ -1208,7 +1208,8 @@ bool BackwardTakesPairs(const Problem& p) {
   // Chosen from the operands' dtypes, never from the values: a float32 caller keeps float32
   // arithmetic (vdpbf16ps would flush its denormals).
   const auto bf = [](const InputView& v) { return v.dtype == DType::bfloat16; };
-  return std::is_same_v<T, float> && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.dout) && bf16::native();
+  return std::is_same_v<T, float> && bf(p.q) && bf(p.k) && bf(p.v) && bf(p.dout) &&
+         bf16::pairs_in_kernel();
 }
 
 // One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
@@ -1486,7 +1487,7 @@ HWY_EXPORT(SoftcapForTest);
 bool fast_forward_reads_bfloat16(const Problem& p) {
   // The vdpbf16ps forward computes plain attention: with variants, the float32 kernel serves.
   return p.q.dtype == DType::bfloat16 && p.k.dtype == DType::bfloat16 &&
-         p.v.dtype == DType::bfloat16 && bf16::native() && !p.variants.any();
+         p.v.dtype == DType::bfloat16 && bf16::pairs_in_kernel() && !p.variants.any();
 }
 
 void fast_forward(const Problem& p) {

@@ -53,6 +53,7 @@ namespace bf16 {
 namespace {
 
 std::atomic<bool> forced_fallback{false};
+std::atomic<int> forced_pairs{-1};
 
 bool cpu_has_bf16() {
 #if SDPA_BF16_NATIVE
@@ -216,6 +217,24 @@ void GemmFallback(bool accumulate, std::size_t M, std::size_t N, std::size_t K2,
 }  // namespace
 
 bool native() { return use_native(); }
+
+bool pairs_in_kernel() {
+  const int forced = forced_pairs.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1 && use_native();
+#if SDPA_BF16_NATIVE
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd && use_native();
+#else
+  return false;
+#endif
+}
+
+void force_pairs_in_kernel_for_test(int mode) {
+  forced_pairs.store(mode < 0 ? -1 : mode > 0 ? 1 : 0, std::memory_order_relaxed);
+}
 
 void force_fallback_for_test(bool fallback) {
   forced_fallback.store(fallback, std::memory_order_relaxed);

@@ -50,6 +50,29 @@ bool native();
 /// CPU's choice. Not thread-safe against running calls.
 void force_fallback_for_test(bool fallback);
 
+/// True when the fused kernel takes all-bfloat16 problems through these pairs (its vdpbf16ps
+/// forward, and S and dP in the backward) instead of widening the inputs to float32 for its
+/// float32 products: native(), on a CPU whose vdpbf16ps multiplies and adds twice as many
+/// elements per cycle as its float32 FMAs. AMD's AVX512_BF16 cores (Zen 4, Zen 5) do; Intel's
+/// (Cooper Lake to Granite Rapids) issue one 512-bit vdpbf16ps per cycle against two float32
+/// FMAs, the same rate before the pairs are packed, so the pair path is the slower one there
+/// (docs/precision.md has both machines' figures). Chosen from the CPU's vendor alone, so that
+/// a machine always gives the same bits; the test hook below overrides it.
+bool pairs_in_kernel();
+
+/// Tests and benchmarks only: 1 makes pairs_in_kernel() equal native() on any CPU, 0 makes it
+/// false, -1 restores the CPU's choice. Not thread-safe against running calls.
+void force_pairs_in_kernel_for_test(int mode);
+
+/// Holds force_pairs_in_kernel_for_test(mode) for a scope (tests and benchmarks).
+class ScopedPairsInKernel {
+ public:
+  explicit ScopedPairsInKernel(int mode) { force_pairs_in_kernel_for_test(mode); }
+  ~ScopedPairsInKernel() { force_pairs_in_kernel_for_test(-1); }
+  ScopedPairsInKernel(const ScopedPairsInKernel&) = delete;
+  ScopedPairsInKernel& operator=(const ScopedPairsInKernel&) = delete;
+};
+
 /// C[m][n] = alpha * (A B)[m][n] + (accumulate ? C[m][n] : 0), m < M, n < N, as described at
 /// the top of this file. N % 16 == 0; lda >= K2, ldb >= N, ldc >= N (in words of their type).
 void gemm(bool accumulate, std::size_t M, std::size_t N, std::size_t K2, float alpha,

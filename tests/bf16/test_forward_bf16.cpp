@@ -137,6 +137,7 @@ void check_case(const Case& c, std::uint64_t seed) {
 
 TEST(ForwardBf16, MatchesReferenceOnOddShapes) {
   if (!bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const bf16::ScopedPairsInKernel pairs(1);  // on any AVX512_BF16 CPU, not only where chosen
   std::uint64_t seed = 1;
   for (const auto& [L, S, E, Ev] : std::vector<std::array<std::int64_t, 4>>{{113, 203, 33, 17},
                                                                             {1, 1, 1, 1},
@@ -162,6 +163,7 @@ TEST(ForwardBf16, MatchesReferenceOnOddShapes) {
 // every compiled one (the scalar one included), on one GQA case with a mask and a short tile.
 TEST(ForwardBf16, EveryCompiledTarget) {
   if (!bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const bf16::ScopedPairsInKernel pairs(1);  // on any AVX512_BF16 CPU, not only where chosen
   std::uint64_t seed = 100;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);

@@ -16,6 +16,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -245,6 +246,33 @@ TEST(Bf16Cpu, NativeIffTheCpuReportsAvx512Bf16) {
   bf16::force_fallback_for_test(true);
   EXPECT_FALSE(bf16::native());
   bf16::force_fallback_for_test(false);
+}
+
+TEST(Bf16Cpu, KernelTakesPairsOnAmdCpusWithAvx512Bf16) {
+  bool amd = false;
+#if defined(__x86_64__)
+  // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0), "c"(0));
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  amd = std::string(vendor) == "AuthenticAMD";
+#endif
+  EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
+  {
+    const bf16::ScopedPairsInKernel on(1);
+    EXPECT_EQ(bf16::pairs_in_kernel(), bf16::native());
+    bf16::force_fallback_for_test(true);
+    EXPECT_FALSE(bf16::pairs_in_kernel()) << "the pairs need vdpbf16ps";
+    bf16::force_fallback_for_test(false);
+  }
+  {
+    const bf16::ScopedPairsInKernel off(0);
+    EXPECT_FALSE(bf16::pairs_in_kernel());
+  }
+  EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
 }
 
 }  // namespace

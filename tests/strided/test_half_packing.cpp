@@ -205,7 +205,7 @@ void check(DType qdt, DType kvdt, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
   p.dk = dk.out();
   p.dv = dv.out();
   sdpa::detail::fast_backward(p);
-  if (qdt == DType::bfloat16 && kvdt == DType::bfloat16 && sdpa::detail::bf16::native()) {
+  if (qdt == DType::bfloat16 && kvdt == DType::bfloat16 && sdpa::detail::bf16::pairs_in_kernel()) {
     // All-bfloat16 on vdpbf16ps: S and dP from bfloat16 pairs (flash.cpp's BackwardPairs), the
     // same exact products summed in another order, so within a bfloat16 ulp of the converting
     // path's bits rather than equal to them.
@@ -258,7 +258,12 @@ TEST(HalfPacking, EveryCompiledTarget) {
     SCOPED_TRACE(hwy::TargetName(target));
     // E = 32, Ev = 16: rows a whole number of vectors; E = 20, Ev = 24: vector tails.
     check(DType::float16, DType::float16, 4, 2, 70, 135, 32, 16, sdpa::Causal::upper_left);
-    check(DType::bfloat16, DType::bfloat16, 2, 2, 70, 135, 20, 24, sdpa::Causal::lower_right);
+    // All-bfloat16 both ways where the CPU has vdpbf16ps: through the pairs, and widened to
+    // float32 (the CPU's vendor picks one for ordinary calls).
+    for (int pairs : {0, 1}) {
+      const sdpa::detail::bf16::ScopedPairsInKernel mode(pairs);
+      check(DType::bfloat16, DType::bfloat16, 2, 2, 70, 135, 20, 24, sdpa::Causal::lower_right);
+    }
     check(DType::float32, DType::bfloat16, 2, 1, 67, 130, 32, 32, sdpa::Causal::none);
     check(DType::float32, DType::float16, 2, 2, 40, 50, 20, 24, sdpa::Causal::upper_left);
   }
