@@ -40,9 +40,8 @@ StudyConfig study_config_for(Mode mode) {
   c.lrs = {
       {0.03, 0.1, 0.3, 1.0, 3.0}, {0.003, 0.01, 0.03, 0.1, 0.3}, {3e-4, 1e-3, 3e-3, 1e-2, 3e-2}};
   const bool quick = mode == Mode::quick;
-  // D = 64 in both modes: a width of 128 would cost 4x per run (projections and attention
-  // scale with D h d), and full mode's 10 seeds over 35 regimes already take about 18 minutes
-  // of CPU at D = 64.
+  // D = 64 carries the study in both modes. A width of 128 costs 4x per run (projections and
+  // attention scale with D h d), so only full mode adds it, for head dimensions up to 128.
   const int D = 64;
   const std::vector<Optimizer> all = {Optimizer::sgd, Optimizer::momentum, Optimizer::adam};
   const TaskSpec recall{};  // P = 16
@@ -55,6 +54,13 @@ StudyConfig study_config_for(Mode mode) {
   const std::vector<int> head_ds = quick ? std::vector<int>{16, 64} : std::vector<int>{16, 32, 64};
   for (Optimizer o : all) {
     for (int d : head_ds) add(o, recall, D, D / d, d, d == D ? "single" : "heads");
+  }
+  // Full mode: the width D = 128, with h = 128 / d heads for d = 16, 64 and the single head
+  // d = 128, under SGD and Adam.
+  if (!quick) {
+    for (Optimizer o : {Optimizer::sgd, Optimizer::adam}) {
+      for (int d : {16, 64, 128}) add(o, recall, 128, 128 / d, d, d == 128 ? "single" : "heads");
+    }
   }
   // Single heads with d = D at the smaller widths.
   const std::vector<int> single = quick ? std::vector<int>{16} : std::vector<int>{16, 32};
@@ -84,7 +90,7 @@ StudyConfig study_config_for(Mode mode) {
         c.alternative_regimes.push_back(i);
     }
   }
-  c.transfer_widths = quick ? std::vector<int>{16, 64} : std::vector<int>{16, 32, 64};
+  c.transfer_widths = quick ? std::vector<int>{16, 64} : std::vector<int>{16, 32, 64, 128};
   if (quick) {
     // Quick mode: 4 rates per grid (the 5-rate grid without the end no variant chose in a
     // 5-rate quick run) and 256 evaluation sequences (evaluation was 23% of a run's cost at

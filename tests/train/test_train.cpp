@@ -524,6 +524,12 @@ TEST(StudyConfigs, SeedsOptimizersWidthsHeadsTasksAndPairs) {
     EXPECT_FALSE(c.alternative_regimes.empty());
     EXPECT_GE(c.transfer_widths.size(), 2u);
   }
+  // Full mode reaches the head dimensions of today's models: d = 16 to 128 at width D = 128.
+  std::set<int> wide;
+  for (const RegimeSpec& r : study_config_for(Mode::full).regimes) {
+    if (r.width == 128 && r.heads * r.d == 128) wide.insert(r.d);
+  }
+  EXPECT_EQ(wide, (std::set<int>{16, 64, 128}));
 }
 
 StudyConfig tiny_study() {
