@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -231,15 +232,22 @@ TEST_P(Bf16Gemm, NonFiniteOperandsPropagate) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, Bf16Gemm, ::testing::Values(false, true), PathName);
 
+// EAX, EBX, ECX, EDX of CPUID (leaf, subleaf), read directly (zeros off x86-64).
+std::array<unsigned, 4> cpuid(unsigned leaf, unsigned subleaf) {
+  std::array<unsigned, 4> r{};
+#if defined(__x86_64__)
+  __asm__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(subleaf));
+#else
+  (void)leaf;
+  (void)subleaf;
+#endif
+  return r;
+}
+
 TEST(Bf16Cpu, NativeIffTheCpuReportsAvx512Bf16) {
   bf16::force_fallback_for_test(false);
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  bool has = false;
-#if defined(__x86_64__)
-  // CPUID leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16), read directly.
-  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
-  has = (eax >> 5) & 1u;
-#endif
+  // CPUID leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16).
+  const bool has = (cpuid(7, 1)[0] >> 5) & 1u;
   // The kernel also requires the OS to save zmm state; on Linux x86-64 it does when AVX-512 is
   // reported at all, so the two agree.
   EXPECT_EQ(bf16::native(), has);
@@ -249,17 +257,13 @@ TEST(Bf16Cpu, NativeIffTheCpuReportsAvx512Bf16) {
 }
 
 TEST(Bf16Cpu, KernelTakesPairsOnAmdCpusWithAvx512Bf16) {
-  bool amd = false;
-#if defined(__x86_64__)
   // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0), "c"(0));
+  const std::array<unsigned, 4> r = cpuid(0, 0);
   char vendor[13] = {};
-  std::memcpy(vendor, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  amd = std::string(vendor) == "AuthenticAMD";
-#endif
+  std::memcpy(vendor, &r[1], 4);
+  std::memcpy(vendor + 4, &r[3], 4);
+  std::memcpy(vendor + 8, &r[2], 4);
+  const bool amd = std::string(vendor) == "AuthenticAMD";
   EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
   {
     const bf16::ScopedPairsInKernel on(1);
