@@ -379,7 +379,8 @@ const Experiment& precision_experiment() {
         "one per (path, scale, d), d = 64 and 512, N = 1024: attention through the library",
         {{"path", Kind::text, "",
           "`bfloat16 fast` (the fused kernel on bfloat16 Q, K, V: float32 products and "
-          "softmax, P rounded to bfloat16 before P·V where it runs on vdpbf16ps), `bfloat16 "
+          "softmax, P rounded to bfloat16 before P·V where it runs on vdpbf16ps: AMD CPUs with "
+          "AVX512_BF16; elsewhere P stays float32, docs/precision.md), `bfloat16 "
           "naive` (PyTorch's CPU composite: S, P, O rounded to bfloat16), `float32 fast`"},
          {"scale", Kind::text, "", "`\"1\"` or `\"1/sqrt(d)\"`"},
          {"d", Kind::integer, "", "dimension of q and k"},
