@@ -1,8 +1,8 @@
 // The bfloat16 micro-kernel (kernels/gemm_bf16.h) against the float32 one on the products of one
 // tile of the fused kernel: S = Q K^T (M = 64 query rows, N = 128 keys, K = E) and P V (M = 64,
 // N = Ev, K = 128 keys). Operands are packed once, outside the timed loop; the counter is
-// GFLOP/s = 2 M N K per call. Arguments: {path (0 float32, 1 bf16 native, 2 bf16 fallback), M,
-// N, K}. Run: build/bench/sdpa_gemm_bf16_bench (see docs/kernel.md).
+// GFLOP/s = 2 M N K per call. Arguments: {path (0 float32, 1 bf16 vdpbf16ps, 2 bf16 fallback,
+// 3 bf16 AMX tiles), M, N, K}. Run: build/bench/sdpa_gemm_bf16_bench (see docs/kernel.md).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -31,6 +31,10 @@ void BM_Gemm(benchmark::State& state) {
     state.SkipWithError("this CPU has no AVX512_BF16");
     return;
   }
+  if (path == 3 && !bf16::amx()) {
+    state.SkipWithError("this CPU has no AMX-BF16");
+    return;
+  }
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   std::vector<float> a(M * K), b(K * N), c(M * N);
@@ -42,6 +46,7 @@ void BM_Gemm(benchmark::State& state) {
   bf16::pack_rows_rounded(a.data(), M, K, K, ap.data(), K2);
   bf16::pack_row_pairs(bh.data(), K, N, N, bp.data(), N);
   bf16::force_fallback_for_test(path == 2);
+  bf16::force_amx_off_for_test(path != 3);
   for (auto _ : state) {
     if (path == 0) {
       bf16::gemm_f32(true, M, N, K, a.data(), K, b.data(), N, c.data(), N);
@@ -52,7 +57,11 @@ void BM_Gemm(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   bf16::force_fallback_for_test(false);
-  state.SetLabel(path == 0 ? "float32" : path == 1 ? "bf16 native" : "bf16 fallback");
+  bf16::force_amx_off_for_test(false);
+  state.SetLabel(path == 0   ? "float32"
+                 : path == 1 ? "bf16 vdpbf16ps"
+                 : path == 2 ? "bf16 fallback"
+                             : "bf16 AMX");
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * double(M * N * K), benchmark::Counter::kIsIterationInvariantRate,
                          benchmark::Counter::kIs1000);
@@ -60,12 +69,14 @@ void BM_Gemm(benchmark::State& state) {
 
 BENCHMARK(BM_Gemm)
     ->ArgNames({"path", "M", "N", "K"})
-    ->ArgsProduct({{0, 1, 2}, {64}, {128}, {64, 128}})
+    ->ArgsProduct({{0, 1, 2, 3}, {64}, {128}, {64, 128}})
     ->Args({0, 64, 64, 128})
     ->Args({1, 64, 64, 128})
-    ->Args({2, 64, 64, 128});
+    ->Args({2, 64, 64, 128})
+    ->Args({3, 64, 64, 128});
 
-// The whole fused forward, float32 against bfloat16 on vdpbf16ps, at (1, H, N, E), 2 threads.
+// The whole fused forward, float32 against bfloat16 on the pairs (AMX tiles where the CPU has
+// them, else vdpbf16ps), at (1, H, N, E), 2 threads.
 // Arguments: {dtype (0 float32, 1 bfloat16), H, N, E}. GFLOP/s with the standard count
 // 4 H N^2 E per real second.
 void BM_Forward(benchmark::State& state) {
@@ -75,7 +86,7 @@ void BM_Forward(benchmark::State& state) {
     state.SkipWithError("this CPU has no AVX512_BF16");
     return;
   }
-  const bf16::ScopedPairsInKernel pairs(1);  // the vdpbf16ps path, whichever the CPU's choice
+  const bf16::ScopedPairsInKernel pairs(1);  // the pairs path, whichever the CPU's choice
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   const std::vector<std::int64_t> shape{1, H, N, E};
@@ -109,7 +120,7 @@ void BM_Forward(benchmark::State& state) {
     sdpa::detail::fast_forward(p);
     benchmark::ClobberMemory();
   }
-  state.SetLabel(half ? "bfloat16 (vdpbf16ps)" : "float32");
+  state.SetLabel(!half ? "float32" : bf16::amx() ? "bfloat16 (AMX)" : "bfloat16 (vdpbf16ps)");
   state.counters["GFLOP/s"] = benchmark::Counter(
       4.0 * double(H) * double(N) * double(N) * double(E),
       benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
@@ -131,7 +142,7 @@ void BM_Backward(benchmark::State& state) {
     state.SkipWithError("this CPU has no AVX512_BF16");
     return;
   }
-  const bf16::ScopedPairsInKernel pairs(1);  // the vdpbf16ps path, whichever the CPU's choice
+  const bf16::ScopedPairsInKernel pairs(1);  // the pairs path, whichever the CPU's choice
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   const std::vector<std::int64_t> shape{1, H, N, E};
@@ -164,7 +175,9 @@ void BM_Backward(benchmark::State& state) {
     sdpa::detail::fast_backward(p);
     benchmark::ClobberMemory();
   }
-  state.SetLabel(half ? "bfloat16 (S, dP on vdpbf16ps)" : "float32");
+  state.SetLabel(!half         ? "float32"
+                 : bf16::amx() ? "bfloat16 (S, dP on AMX)"
+                               : "bfloat16 (S, dP on vdpbf16ps)");
   state.counters["GFLOP/s"] = benchmark::Counter(
       10.0 * double(H) * double(N) * double(N) * double(E),
       benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);

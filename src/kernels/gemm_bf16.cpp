@@ -8,6 +8,12 @@
 // 2 additions per lane: twice the arithmetic of an FMA per instruction. 24 accumulators + 4 B
 // vectors + 1 broadcast = 29 of the 32 zmm registers, the float32 kernel's block; 24 independent
 // chains cover a latency of up to 12 cycles at 2 per cycle.
+//
+// AMX micro-kernel, where the CPU has AMX-TILE and AMX-BF16 and Linux grants the tile state: the
+// packed pair formats are the tiles' own (A: 16 rows of 16 pairs; B: 16 pair rows of 16 columns,
+// the "VNNI" layout), so tiles load straight from the packed operands. A 32 x 32 block of C is
+// four float32 tiles, fed per 16 pairs of K by two A tiles and two B tiles, eight in all: one
+// tdpbf16ps does 16 x 16 x 32 products, 16 times an AVX-512 vdpbf16ps's work.
 #include "kernels/gemm_bf16.h"
 
 #include <algorithm>
@@ -39,9 +45,15 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #define SDPA_BF16_NATIVE 1
 #define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+#define SDPA_AMX_TARGET __attribute__((target("avx512f,avx512bf16,amx-tile,amx-bf16")))
 #else
 #define SDPA_BF16_NATIVE 0
 #endif
@@ -53,6 +65,7 @@ namespace bf16 {
 namespace {
 
 std::atomic<bool> forced_fallback{false};
+std::atomic<bool> forced_amx_off{false};
 std::atomic<int> forced_pairs{-1};
 
 bool cpu_has_bf16() {
@@ -62,6 +75,26 @@ bool cpu_has_bf16() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_amx() {
+#if SDPA_BF16_NATIVE && defined(__linux__)
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_has_bf16() || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = ((edx >> 22) & 1u) != 0, amx_tile = ((edx >> 24) & 1u) != 0;
+    if (!amx_bf16 || !amx_tile) return false;
+    // Linux keeps the 8 KiB tile data out of a process's state until it asks for it
+    // (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); a tile instruction before that faults.
+    // Refused (an older kernel, a signal stack too small for the larger frame): no AMX.
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return has;
 #else
@@ -176,9 +209,151 @@ SDPA_BF16_TARGET void PackRowsRoundedNative(const float* src, std::size_t M, std
     std::fill(d + k2, d + lda, 0u);
   }
 }
+// ---- AMX: tdpbf16ps --------------------------------------------------------------------------
+
+// The palette-1 tile configuration (64 bytes, the layout ldtilecfg reads): eight tiles of 16 rows
+// of 64 bytes.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// The tile instructions' asm statements (GCC's intrinsics) tell the compiler nothing about the
+// memory they read: this keeps the plain stores that fill a buffer before its tile load.
+inline void CompilerBarrier() { __asm__ __volatile__("" ::: "memory"); }
+
+// An MT x NT block of 16 x 16 C tiles (tile 2 mt + nt) over all K2 pairs: A rows from a (lda
+// >= K2 rounded up to 16, zero past K2), B from b for the whole 16-pair blocks and from b_tail
+// (16 pair rows, zero past K2 % 16) for the last partial one. C starts from c (load_c) or zero
+// and is stored to c.
+template <int MT, int NT>
+SDPA_AMX_TARGET inline void AmxBlock(std::size_t K2, const std::uint32_t* a, std::size_t lda,
+                                     const std::uint32_t* b, std::size_t ldb,
+                                     const std::uint32_t* b_tail, std::size_t ld_tail, float* c,
+                                     std::size_t ldc, bool load_c) {
+  const auto sa = static_cast<long>(lda * 4), sb = static_cast<long>(ldb * 4);
+  const auto st = static_cast<long>(ld_tail * 4), sc = static_cast<long>(ldc * 4);
+  float* c1 = c + 16 * ldc;
+  if (load_c) {
+    _tile_loadd(0, c, sc);
+    if constexpr (NT == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (MT == 2) _tile_loadd(2, c1, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c1 + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
+  const std::size_t whole = K2 / 16 * 16;
+  for (std::size_t k = 0; k < K2; k += 16) {
+    const std::uint32_t* bk = k < whole ? b + k * ldb : b_tail;
+    const long sbk = k < whole ? sb : st;
+    _tile_loadd(4, a + k, sa);
+    if constexpr (MT == 2) _tile_loadd(5, a + 16 * lda + k, sa);
+    _tile_loadd(6, bk, sbk);
+    if constexpr (NT == 2) _tile_loadd(7, bk + 16, sbk);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MT == 2 && NT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, sc);
+  if constexpr (NT == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (MT == 2) _tile_stored(2, c1, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c1 + 16, sc);
+}
+
+template <int MT>
+SDPA_AMX_TARGET inline void AmxRowPanel(std::size_t N, std::size_t K2, const std::uint32_t* a,
+                                        std::size_t lda, const std::uint32_t* b, std::size_t ldb,
+                                        const std::uint32_t* b_tail, std::size_t ld_tail, float* c,
+                                        std::size_t ldc, bool load_c) {
+  std::size_t n = 0;
+  for (; n + 32 <= N; n += 32) {
+    AmxBlock<MT, 2>(K2, a, lda, b + n, ldb, b_tail + n, ld_tail, c + n, ldc, load_c);
+  }
+  if (n < N) AmxBlock<MT, 1>(K2, a, lda, b + n, ldb, b_tail + n, ld_tail, c + n, ldc, load_c);
+}
+
+SDPA_AMX_TARGET void GemmAmx(bool accumulate, std::size_t M, std::size_t N, std::size_t K2,
+                             float alpha_s, const std::uint32_t* a, std::size_t lda,
+                             const std::uint32_t* b, std::size_t ldb, float* c, std::size_t ldc) {
+  // Per thread, kept between calls: A padded to whole tiles, B's last partial pair block, and C
+  // for the rows past the last whole tile or when alpha and accumulate need a separate product.
+  thread_local std::vector<std::uint32_t> a_pad, b_tail;
+  thread_local std::vector<float> c_tmp;
+  const std::size_t K2r = (K2 + 15) / 16 * 16, Mr = (M + 15) / 16 * 16;
+  if (K2 == 0 || M == 0 || N == 0) {
+    for (std::size_t m = 0; m < M; ++m) {
+      if (!accumulate) std::fill(c + m * ldc, c + m * ldc + N, 0.0f);
+    }
+    return;
+  }
+  if (K2r != K2 || Mr != M) {  // zero pairs past K2 and zero rows past M: whole tiles
+    a_pad.assign(Mr * K2r, 0u);
+    for (std::size_t m = 0; m < M; ++m) std::copy_n(a + m * lda, K2, a_pad.data() + m * K2r);
+    a = a_pad.data();
+    lda = K2r;
+  }
+  if (K2r != K2) {
+    b_tail.assign(16 * N, 0u);
+    const std::size_t k0 = K2r - 16;
+    for (std::size_t k = k0; k < K2; ++k) std::copy_n(b + k * ldb, N, b_tail.data() + (k - k0) * N);
+  }
+  // Where the tiles store: c itself when every row is whole and no alpha is left to apply to a
+  // sum with C, else c_tmp (Mr x N), combined into c afterwards.
+  const bool direct = Mr == M && (!accumulate || alpha_s == 1.0f);
+  float* cc = c;
+  std::size_t ldcc = ldc;
+  if (!direct) {
+    c_tmp.resize(Mr * N);
+    cc = c_tmp.data();
+    ldcc = N;
+  }
+  const bool load_c = direct && accumulate;
+  const std::uint32_t* bt = b_tail.data();
+  CompilerBarrier();
+  const TileConfig config;
+  _tile_loadconfig(&config);
+  std::size_t m = 0;
+  for (; m + 32 <= Mr; m += 32) {
+    AmxRowPanel<2>(N, K2, a + m * lda, lda, b, ldb, bt, N, cc + m * ldcc, ldcc, load_c);
+  }
+  if (m < Mr) AmxRowPanel<1>(N, K2, a + m * lda, lda, b, ldb, bt, N, cc + m * ldcc, ldcc, load_c);
+  _tile_release();
+  CompilerBarrier();
+  const __m512 alpha = _mm512_set1_ps(alpha_s);
+  if (direct) {
+    if (alpha_s == 1.0f) return;
+    for (std::size_t r = 0; r < M; ++r) {
+      float* cr = c + r * ldc;
+      for (std::size_t n = 0; n < N; n += 16) {
+        _mm512_storeu_ps(cr + n, _mm512_mul_ps(alpha, _mm512_loadu_ps(cr + n)));
+      }
+    }
+    return;
+  }
+  for (std::size_t r = 0; r < M; ++r) {
+    float* cr = c + r * ldc;
+    const float* tr = cc + r * ldcc;
+    for (std::size_t n = 0; n < N; n += 16) {
+      const __m512 t = _mm512_loadu_ps(tr + n);
+      _mm512_storeu_ps(cr + n, accumulate ? _mm512_fmadd_ps(alpha, t, _mm512_loadu_ps(cr + n))
+                                          : _mm512_mul_ps(alpha, t));
+    }
+  }
+}
 #endif  // SDPA_BF16_NATIVE
 
 bool use_native() { return cpu_has_bf16() && !forced_fallback.load(std::memory_order_relaxed); }
+
+bool use_amx() {
+  return use_native() && !forced_amx_off.load(std::memory_order_relaxed) && cpu_has_amx();
+}
 
 // ---- fallback: convert, then the float32 micro-kernel -----------------------------------------
 
@@ -218,6 +393,8 @@ void GemmFallback(bool accumulate, std::size_t M, std::size_t N, std::size_t K2,
 
 bool native() { return use_native(); }
 
+bool amx() { return use_amx(); }
+
 bool pairs_in_kernel() {
   const int forced = forced_pairs.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1 && use_native();
@@ -226,7 +403,7 @@ bool pairs_in_kernel() {
     __builtin_cpu_init();
     return __builtin_cpu_is("amd") != 0;
   }();
-  return amd && use_native();
+  return (amd && use_native()) || use_amx();
 #else
   return false;
 #endif
@@ -240,10 +417,16 @@ void force_fallback_for_test(bool fallback) {
   forced_fallback.store(fallback, std::memory_order_relaxed);
 }
 
+void force_amx_off_for_test(bool off) { forced_amx_off.store(off, std::memory_order_relaxed); }
+
 void gemm(bool accumulate, std::size_t M, std::size_t N, std::size_t K2, float alpha,
           const std::uint32_t* a, std::size_t lda, const std::uint32_t* b, std::size_t ldb,
           float* c, std::size_t ldc) {
 #if SDPA_BF16_NATIVE
+  if (use_amx()) {
+    GemmAmx(accumulate, M, N, K2, alpha, a, lda, b, ldb, c, ldc);
+    return;
+  }
   if (use_native()) {
     GemmNative(accumulate, M, N, K2, alpha, a, lda, b, ldb, c, ldc);
     return;

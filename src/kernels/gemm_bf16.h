@@ -1,6 +1,7 @@
 // A matrix product of bfloat16 operands with float32 accumulation, for the fused kernel's
-// bfloat16 path: on vdpbf16ps (AVX512_BF16) where the CPU has it, elsewhere by converting to
-// float32 (a 16-bit shift) and running the float32 micro-kernel of gemm-inl.h.
+// bfloat16 path: on AMX tiles (tdpbf16ps) where the CPU has AMX-BF16, else on vdpbf16ps
+// (AVX512_BF16) where it has that, elsewhere by converting to float32 (a 16-bit shift) and
+// running the float32 micro-kernel of gemm-inl.h.
 //
 // Packed pair format. vdpbf16ps multiplies, in each float32 lane, a pair of bfloat16 of A by a
 // pair of B and adds both products to the lane:
@@ -13,13 +14,15 @@
 // An odd K is padded with a zero k (the pack functions write it). N must be a multiple of 16
 // (one 512-bit vector of float32); callers pad their rows, as the float32 kernel's do.
 //
-// Contract (tests/bf16/test_gemm_bf16.cpp, on both paths): every C element is within
+// Contract (tests/bf16/test_gemm_bf16.cpp, on every path): every C element is within
 // (K + 3) float32 units of roundoff of |alpha| sum_k |A B| + |C_in| of the exact result on the
-// same bfloat16 values (each bfloat16 product is exact in float32; the native path rounds once
-// per pair and once per accumulation, K2 + 2 in all; the fallback once per FMA). Denormals:
-// vdpbf16ps treats bfloat16 denormal inputs as zero and flushes denormal results to zero whatever
-// MXCSR says, so on the native path an input below 2^-126 in magnitude counts as 0 and a product or
-// partial sum below it becomes 0; the fallback computes them exactly (under the default MXCSR).
+// same bfloat16 values (each bfloat16 product is exact in float32; vdpbf16ps rounds once
+// per pair and once per accumulation, K2 + 2 in all; tdpbf16ps at most once per product and
+// once each for alpha and C_in, K + 2; the fallback once per FMA). Denormals: vdpbf16ps and
+// tdpbf16ps treat bfloat16 denormal inputs as zero and flush denormal results to zero whatever
+// MXCSR says, so on the native paths an input below 2^-126 in magnitude counts as 0 and a
+// product or partial sum below it becomes 0; the fallback computes them exactly (under the
+// default MXCSR).
 // Either way an element differs from the exact product by at most the bound above plus |alpha|
 // 2^-126 (sum_k (|A(m,k)| + |B(k,n)|) + 2 K2): for attention's scores and probabilities, far below
 // float32's resolution of any result.
@@ -46,18 +49,37 @@ inline std::uint16_t from_float(float f) { return float_to_bfloat16(f); }
 /// the fallback. hwy::SupportedTargets cannot tell: Highway 1.0.3 has no target with BF16.
 bool native();
 
+/// True when gemm runs on AMX tiles: native(), the CPU reports AMX-TILE and AMX-BF16 (CPUID
+/// leaf 7, EDX bits 24 and 22), Linux granted the process the tile state (arch_prctl
+/// ARCH_REQ_XCOMP_PERM, asked once, on first use), and the test hook does not turn it off.
+/// Intel's Sapphire Rapids and later have it; no AMD CPU does yet.
+bool amx();
+
 /// Tests only: true makes every function here take the converting fallback; false restores the
 /// CPU's choice. Not thread-safe against running calls.
 void force_fallback_for_test(bool fallback);
 
-/// True when the fused kernel takes all-bfloat16 problems through these pairs (its vdpbf16ps
+/// Tests and benchmarks only: true makes gemm take vdpbf16ps instead of the tiles (amx() false);
+/// false restores the CPU's choice. Not thread-safe against running calls.
+void force_amx_off_for_test(bool off);
+
+/// Holds force_amx_off_for_test(true) for a scope (tests and benchmarks).
+class ScopedAmxOff {
+ public:
+  ScopedAmxOff() { force_amx_off_for_test(true); }
+  ~ScopedAmxOff() { force_amx_off_for_test(false); }
+  ScopedAmxOff(const ScopedAmxOff&) = delete;
+  ScopedAmxOff& operator=(const ScopedAmxOff&) = delete;
+};
+
+/// True when the fused kernel takes all-bfloat16 problems through these pairs (its bfloat16
 /// forward, and S and dP in the backward) instead of widening the inputs to float32 for its
-/// float32 products: native(), on a CPU whose vdpbf16ps multiplies and adds twice as many
-/// elements per cycle as its float32 FMAs. AMD's AVX512_BF16 cores (Zen 4, Zen 5) do; Intel's
-/// (Cooper Lake to Granite Rapids) issue one 512-bit vdpbf16ps per cycle against two float32
-/// FMAs, the same rate before the pairs are packed, so the pair path is the slower one there
-/// (docs/precision.md has both machines' figures). Chosen from the CPU's vendor alone, so that
-/// a machine always gives the same bits; the test hook below overrides it.
+/// float32 products: amx(), or native() on a CPU whose vdpbf16ps multiplies and adds twice as
+/// many elements per cycle as its float32 FMAs. AMD's AVX512_BF16 cores (Zen 4, Zen 5) do;
+/// Intel's (Cooper Lake to Granite Rapids) issue one 512-bit vdpbf16ps per cycle against two
+/// float32 FMAs, the same rate before the pairs are packed, so without AMX the pair path is the
+/// slower one there (docs/precision.md has the machines' figures). Chosen from the CPU's vendor
+/// and features alone, so that a machine always gives the same bits; the test hooks override it.
 bool pairs_in_kernel();
 
 /// Tests and benchmarks only: 1 makes pairs_in_kernel() equal native() on any CPU, 0 makes it

@@ -121,27 +121,35 @@ TEST(BackwardBf16Pairs, AsAccurateAsTheFloat32Path) {
   std::uint64_t seed = 50;
   const std::vector<std::array<std::int64_t, 4>> shapes{
       {113, 203, 33, 17}, {150, 90, 17, 33}, {64, 256, 64, 64}, {1, 1, 1, 1}};
-  for (int chunks : {-1, 0, 1, 3}) {
-    sdpa::detail::set_backward_chunks_for_test(chunks);
-    for (const auto& [L, S, E, Ev] : shapes) {
-      Case c;
-      c.lead = {2};
-      c.Hq = 4;
-      c.Hkv = 2;
-      c.L = L;
-      c.S = S;
-      c.E = E;
-      c.Ev = Ev;
-      c.options.enable_gqa = true;
-      c.options.threads = 2;
-      c.options.causal = seed % 3 == 0   ? Causal::none
-                         : seed % 3 == 1 ? Causal::upper_left
-                                         : Causal::lower_right;
-      c.mask_kind = static_cast<int>(seed % 3);
-      check_case(c, seed++);
+  // The AMX tiles where the CPU has them, and vdpbf16ps.
+  const std::vector<bool> amx_off_modes =
+      bf16::amx() ? std::vector<bool>{false, true} : std::vector<bool>{true};
+  for (const bool amx_off : amx_off_modes) {
+    SCOPED_TRACE(amx_off ? "vdpbf16ps" : "amx");
+    bf16::force_amx_off_for_test(amx_off);
+    for (int chunks : {-1, 0, 1, 3}) {
+      sdpa::detail::set_backward_chunks_for_test(chunks);
+      for (const auto& [L, S, E, Ev] : shapes) {
+        Case c;
+        c.lead = {2};
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.L = L;
+        c.S = S;
+        c.E = E;
+        c.Ev = Ev;
+        c.options.enable_gqa = true;
+        c.options.threads = 2;
+        c.options.causal = seed % 3 == 0   ? Causal::none
+                           : seed % 3 == 1 ? Causal::upper_left
+                                           : Causal::lower_right;
+        c.mask_kind = static_cast<int>(seed % 3);
+        check_case(c, seed++);
+      }
     }
+    sdpa::detail::set_backward_chunks_for_test(-1);
+    bf16::force_amx_off_for_test(false);
   }
-  sdpa::detail::set_backward_chunks_for_test(-1);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
-// The fused forward on bfloat16 operands (vdpbf16ps, flash.cpp's ForwardBf16Native, which
-// fast_forward takes for bfloat16 views) against the
+// The fused forward on bfloat16 operands (flash.cpp's ForwardBf16Native, which fast_forward
+// takes for bfloat16 views, on AMX tiles where the CPU has them and on vdpbf16ps) against the
 // float64 reference run on the same bfloat16 values, on odd shapes (E and key tiles odd, so the
 // zero pad pairs are used), GQA, both causal alignments, boolean and additive masks, fully
 // masked rows, and NaN stored in masked-out values. Asserted:
 //   the accuracy contract for 16-bit inputs, FlashAttention's rule, on out and lse:
-//     err(vdpbf16ps forward) <= 2 * err(naive three-pass bfloat16) + floor
+//     err(bfloat16 forward) <= 2 * err(naive three-pass bfloat16) + floor
 //   err being the largest absolute difference from the float64 reference, the naive baseline
 //   the public Impl::naive on the same bfloat16 values (float32 products, every intermediate
 //   rounded to bfloat16: core/half_naive.cpp), floor 4 float32 epsilons of max|result| (as in
@@ -135,27 +135,39 @@ void check_case(const Case& c, std::uint64_t seed) {
   }
 }
 
+// The kernels of the bfloat16 products this CPU has, by the value to give
+// force_amx_off_for_test: the AMX tiles (false) where it has them, vdpbf16ps (true).
+std::vector<bool> AmxOffModes() {
+  return bf16::amx() ? std::vector<bool>{false, true} : std::vector<bool>{true};
+}
+
 TEST(ForwardBf16, MatchesReferenceOnOddShapes) {
   if (!bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
   const bf16::ScopedPairsInKernel pairs(1);  // on any AVX512_BF16 CPU, not only where chosen
-  std::uint64_t seed = 1;
-  for (const auto& [L, S, E, Ev] : std::vector<std::array<std::int64_t, 4>>{{113, 203, 33, 17},
-                                                                            {1, 1, 1, 1},
-                                                                            {64, 128, 64, 64},
-                                                                            {70, 300, 128, 80},
-                                                                            {150, 90, 17, 33}}) {
-    for (Causal causal : {Causal::none, Causal::upper_left, Causal::lower_right}) {
-      for (int mask_kind : {0, 1, 2}) {
-        Case c = make_case(L, S, E, Ev, causal, mask_kind);
-        c.lead = {2};
-        c.Hq = 4;
-        c.Hkv = 2;
-        c.options.threads = 2;
-        c.options.enable_gqa = true;
-        check_case(c, seed++);
-        if (HasFatalFailure()) return;
+  for (const bool amx_off : AmxOffModes()) {
+    SCOPED_TRACE(amx_off ? "vdpbf16ps" : "amx");
+    bf16::force_amx_off_for_test(amx_off);
+    std::uint64_t seed = 1;
+    for (const auto& [L, S, E, Ev] : std::vector<std::array<std::int64_t, 4>>{{113, 203, 33, 17},
+                                                                              {1, 1, 1, 1},
+                                                                              {64, 128, 64, 64},
+                                                                              {70, 300, 128, 80},
+                                                                              {150, 90, 17, 33}}) {
+      for (Causal causal : {Causal::none, Causal::upper_left, Causal::lower_right}) {
+        for (int mask_kind : {0, 1, 2}) {
+          Case c = make_case(L, S, E, Ev, causal, mask_kind);
+          c.lead = {2};
+          c.Hq = 4;
+          c.Hkv = 2;
+          c.options.threads = 2;
+          c.options.enable_gqa = true;
+          check_case(c, seed++);
+          if (HasFatalFailure()) break;
+        }
       }
     }
+    bf16::force_amx_off_for_test(false);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -168,11 +180,17 @@ TEST(ForwardBf16, EveryCompiledTarget) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
-    Case c = make_case(70, 150, 19, 24, Causal::lower_right, 2);
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.options.enable_gqa = true;
-    check_case(c, seed++);
+    for (const bool amx_off : AmxOffModes()) {
+      SCOPED_TRACE(amx_off ? "vdpbf16ps" : "amx");
+      bf16::force_amx_off_for_test(amx_off);
+      Case c = make_case(70, 150, 19, 24, Causal::lower_right, 2);
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.options.enable_gqa = true;
+      check_case(c, seed++);
+      if (HasFatalFailure()) break;
+    }
+    bf16::force_amx_off_for_test(false);
     if (HasFatalFailure()) break;
   }
   hwy::SetSupportedTargetsForTest(0);

@@ -1,11 +1,13 @@
 // The bfloat16 micro-kernel of kernels/gemm_bf16.h against a float64 product of the same
-// bfloat16 values, on both of its paths: vdpbf16ps (skipped where the CPU lacks AVX512_BF16)
+// bfloat16 values, on each of its paths: AMX tiles (skipped where the CPU lacks AMX-BF16),
+// vdpbf16ps (skipped where it lacks AVX512_BF16; the tiles turned off through the test hook)
 // and the converting fallback (forced through the test hook). Asserted, per the header's
 // contract:
 //   - every element within (K + 3) float32 roundoffs of |alpha| sum_k |A B| + |C_in|, on odd
-//     shapes (M not a multiple of the 6-row panel, N not of the 4-vector block, K odd, so the
-//     zero pad pair is used), with both B packings, leading dimensions past the row ends (their
-//     padding holds NaN, which must never be read) and C's columns past N left untouched;
+//     shapes (M not a multiple of the 6-row panel nor of the 16-row tile, N not of the 4-vector
+//     block nor of the two-tile block, K odd, so the zero pad pair is used, and K2 not a
+//     multiple of a tile's 16 pairs), with both B packings, leading dimensions past the row ends
+//     (their padding holds NaN, which must never be read) and C's columns past N left untouched;
 //   - the rounding of float32 to bfloat16 (nearest even, NaN, inf, overflow, -0);
 //   - denormals: the native path counts a bfloat16 denormal input as 0 and flushes a denormal
 //     product to 0; the fallback computes both exactly; normal tiny products are exact on both.
@@ -23,6 +25,11 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "kernels/gemm_bf16.h"
 
 namespace {
@@ -35,20 +42,38 @@ using std::uint32_t;
 constexpr uint16_t kBf16NaN = 0x7fc0;
 constexpr double kU = 0x1p-24;  // float32 unit roundoff
 
-// The paths: false = native (vdpbf16ps), true = the converting fallback.
-class Bf16Gemm : public ::testing::TestWithParam<bool> {
+enum class Path { amx, native, fallback };  // native: vdpbf16ps
+
+class Bf16Gemm : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
     bf16::force_fallback_for_test(false);
-    if (!GetParam() && !bf16::native()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
-    bf16::force_fallback_for_test(GetParam());
-    ASSERT_EQ(bf16::native(), !GetParam());
+    bf16::force_amx_off_for_test(false);
+    if (GetParam() == Path::amx && !bf16::amx()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+    if (GetParam() == Path::native && !bf16::native()) {
+      GTEST_SKIP() << "this CPU has no AVX512_BF16";
+    }
+    bf16::force_fallback_for_test(GetParam() == Path::fallback);
+    bf16::force_amx_off_for_test(GetParam() != Path::amx);
+    ASSERT_EQ(bf16::native(), GetParam() != Path::fallback);
+    ASSERT_EQ(bf16::amx(), GetParam() == Path::amx);
   }
-  void TearDown() override { bf16::force_fallback_for_test(false); }
+  void TearDown() override {
+    bf16::force_fallback_for_test(false);
+    bf16::force_amx_off_for_test(false);
+  }
 };
 
-std::string PathName(const ::testing::TestParamInfo<bool>& info) {
-  return info.param ? "fallback" : "native";
+std::string PathName(const ::testing::TestParamInfo<Path>& info) {
+  switch (info.param) {
+    case Path::amx:
+      return "amx";
+    case Path::native:
+      return "native";
+    case Path::fallback:
+      break;
+  }
+  return "fallback";
 }
 
 // A row-major K x N bfloat16 matrix with leading dimension ld; the padding holds NaN.
@@ -122,7 +147,7 @@ void check_product(size_t M, size_t N, size_t K, bool accumulate, float alpha, b
 
 TEST_P(Bf16Gemm, MatchesFloat64ProductOnOddShapes) {
   std::mt19937_64 rng(20);
-  for (size_t M : {1, 5, 6, 7, 13, 64}) {
+  for (size_t M : {1, 5, 6, 7, 13, 33, 64, 100}) {
     for (size_t N : {16, 48, 64, 80, 128}) {
       for (size_t K : {1, 2, 3, 17, 64, 129}) {
         const bool transposed = (M + K) % 2 == 0;
@@ -176,7 +201,7 @@ TEST_P(Bf16Gemm, RoundsFloatToNearestEven) {
 uint16_t pow2(int e) { return static_cast<uint16_t>((127 + e) << 7); }
 
 TEST_P(Bf16Gemm, DenormalsAsTheContractSays) {
-  const bool native = !GetParam();
+  const bool native = GetParam() != Path::fallback;
   const size_t N = 16, K2 = 1;
   std::vector<uint32_t> b(N, pow2(0));  // B[0][n] = 1, B[1][n] = 0
   std::vector<float> c(N);
@@ -194,8 +219,8 @@ TEST_P(Bf16Gemm, DenormalsAsTheContractSays) {
   // Two normal inputs whose product, 2^-120, is normal: exact on both paths.
   EXPECT_EQ(product(pow2(-60), pow2(-60)), 0x1p-120f);
   if (native) {
-    EXPECT_EQ(denormal_in, 0.0f) << "vdpbf16ps treats a denormal input as zero";
-    EXPECT_EQ(denormal_out, 0.0f) << "vdpbf16ps flushes a denormal result to zero";
+    EXPECT_EQ(denormal_in, 0.0f) << "the bfloat16 dot products treat a denormal input as zero";
+    EXPECT_EQ(denormal_out, 0.0f) << "the bfloat16 dot products flush a denormal result to zero";
   } else {
     EXPECT_EQ(denormal_in, 0x1p-133f);
     EXPECT_EQ(denormal_out, 0x1p-140f);
@@ -230,7 +255,8 @@ TEST_P(Bf16Gemm, NonFiniteOperandsPropagate) {
   EXPECT_TRUE(std::isnan(c[17]));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Bf16Gemm, ::testing::Values(false, true), PathName);
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Gemm,
+                         ::testing::Values(Path::amx, Path::native, Path::fallback), PathName);
 
 // EAX, EBX, ECX, EDX of CPUID (leaf, subleaf), read directly (zeros off x86-64).
 std::array<unsigned, 4> cpuid(unsigned leaf, unsigned subleaf) {
@@ -264,7 +290,8 @@ TEST(Bf16Cpu, KernelTakesPairsOnAmdCpusWithAvx512Bf16) {
   std::memcpy(vendor + 4, &r[3], 4);
   std::memcpy(vendor + 8, &r[2], 4);
   const bool amd = std::string(vendor) == "AuthenticAMD";
-  EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
+  const bool chosen = (amd && bf16::native()) || bf16::amx();
+  EXPECT_EQ(bf16::pairs_in_kernel(), chosen);
   {
     const bf16::ScopedPairsInKernel on(1);
     EXPECT_EQ(bf16::pairs_in_kernel(), bf16::native());
@@ -276,7 +303,28 @@ TEST(Bf16Cpu, KernelTakesPairsOnAmdCpusWithAvx512Bf16) {
     const bf16::ScopedPairsInKernel off(0);
     EXPECT_FALSE(bf16::pairs_in_kernel());
   }
-  EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
+  {
+    const bf16::ScopedAmxOff off;
+    EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
+  }
+  EXPECT_EQ(bf16::pairs_in_kernel(), chosen);
+}
+
+TEST(Bf16Cpu, AmxIffTheCpuReportsItAndLinuxGrantsTheTiles) {
+  // CPUID leaf 7 subleaf 0, EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE).
+  const unsigned edx = cpuid(7, 0)[3];
+  const bool reported = bf16::native() && ((edx >> 22) & 1u) != 0 && ((edx >> 24) & 1u) != 0;
+  EXPECT_LE(bf16::amx(), reported) << "AMX taken on a CPU that does not report it";
+#if defined(__linux__) && defined(__x86_64__)
+  // ARCH_GET_XCOMP_PERM: the state components this process may use; bit 18 is the tile data,
+  // granted once amx() has asked for it.
+  unsigned long long permitted = 0;
+  ASSERT_EQ(syscall(SYS_arch_prctl, 0x1022, &permitted), 0);
+  EXPECT_EQ(bf16::amx(), reported && ((permitted >> 18) & 1u) != 0);
+#endif
+  bf16::force_amx_off_for_test(true);
+  EXPECT_FALSE(bf16::amx());
+  bf16::force_amx_off_for_test(false);
 }
 
 }  // namespace

@@ -258,10 +258,15 @@ TEST(HalfPacking, EveryCompiledTarget) {
     SCOPED_TRACE(hwy::TargetName(target));
     // E = 32, Ev = 16: rows a whole number of vectors; E = 20, Ev = 24: vector tails.
     check(DType::float16, DType::float16, 4, 2, 70, 135, 32, 16, sdpa::Causal::upper_left);
-    // All-bfloat16 both ways where the CPU has vdpbf16ps: through the pairs, and widened to
-    // float32 (the CPU's vendor picks one for ordinary calls).
+    // All-bfloat16 every way the CPU has: through the pairs on AMX tiles and on vdpbf16ps, and
+    // widened to float32 (the CPU's vendor and features pick one for ordinary calls).
     for (int pairs : {0, 1}) {
       const sdpa::detail::bf16::ScopedPairsInKernel mode(pairs);
+      check(DType::bfloat16, DType::bfloat16, 2, 2, 70, 135, 20, 24, sdpa::Causal::lower_right);
+    }
+    if (sdpa::detail::bf16::amx()) {
+      const sdpa::detail::bf16::ScopedPairsInKernel mode(1);
+      const sdpa::detail::bf16::ScopedAmxOff off;
       check(DType::bfloat16, DType::bfloat16, 2, 2, 70, 135, 20, 24, sdpa::Causal::lower_right);
     }
     check(DType::float32, DType::bfloat16, 2, 1, 67, 130, 32, 32, sdpa::Causal::none);
