@@ -850,12 +850,29 @@ HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int
 // rounding beyond the float32 path's; the other three products (P^T dO, dS^T Q, dS K) would round P
 // or dS to bfloat16 and stay float32. S is then computed as the bfloat16 forward computes it (the
 // scale applied to the float32 product), so P = exp(S - lse) matches the forward's.
+//
+// On AMX tiles (bf16::amx()) the other three products take bfloat16 pairs too:
+//   dV^T += dO^T P,   dK^T += Q^T dS   (the accumulators transposed: E x kKeyTile),
+//   dQ += dS K,       dK = scale * dK^T transposed, written with the key tile.
+// P and dS are float32; each enters as the sum of two bfloat16 (hi + lo, bf16::pack_*_split),
+// two tile products instead of one, so that they carry a relative error of ~2^-17 instead of
+// the 2^-9 of one rounding (FlashAttention-2 rounds them once, to the input type): one rounding
+// made dV's error on a causal L > S case 2.2 times the naive bfloat16 implementation's, past
+// the accuracy rule, where rows see one or two keys and the naive P is nearly exact.
+// Only when every key, and the query and grad_out row of every row that sees a key, is finite:
+// these products run over whole tiles, where a masked key's P and dS are exactly 0 and would
+// turn an inf in such a row into NaN (the float32 products skip those columns or zeros).
 struct BackwardPairs {
   const uint32_t* q;     // [B*Hq][L][E2]: query rows (zero for rows that see no key)
   const uint32_t* kt;    // [B*Hkv][nkt][E2][kKeyTile]: key tiles transposed
   const uint32_t* dout;  // [B*Hq][L][Ev2]: grad_out rows (zero for rows that see no key)
   const uint32_t* vt;    // [B*Hkv][nkt][Ev2][kKeyTile]: value tiles transposed
   int64_t E2, Ev2;
+  // Set where the CPU has AMX: the operands of the three other products.
+  const uint32_t* qt = nullptr;   // [B*Hq][nqt][E][kQueryTile / 2]: Q^T per query tile
+  const uint32_t* dot = nullptr;  // [B*Hq][nqt][Ev][kQueryTile / 2]: dO^T per query tile
+  const uint32_t* kr = nullptr;   // [B*Hkv][nkt][kKeyTile / 2][ldq]: key rows as pairs of rows
+  bool all = false;               // all five products on pairs (set once the inputs are read)
 };
 
 // S = scale * (Q K^T) (dp false) or dP = dO V^T (dp true) of query rows row0 .. row0 + rows
@@ -901,15 +918,23 @@ template <typename T>
 struct BackwardScratch {
   T* p;       // [kQueryTile][kKeyTile]: P
   T* ds;      // [kQueryTile][kKeyTile]: dP, then dS
-  T* dk_acc;  // [kKeyTile][ldq]
-  T* dv_acc;  // [kKeyTile][ldo]
+  T* dk_acc;  // [kKeyTile][ldq]; on all pairs (BackwardPairs::all) dK^T: [ldq][kKeyTile]
+  T* dv_acc;  // [kKeyTile][ldo]; on all pairs dV^T: [ldo][kKeyTile]
   T* dq_acc;  // [kQueryTile][ldq]
   T* tanh;    // [kQueryTile][kKeyTile]: tanh(x / cap) of the softcapped scores
   T* drop;    // [kKeyTile]: one row's dropout factors
 
   T* dq_head;  // [group][L][ldq]: dQ of one kv head's query heads (one-pass plan, one chunk)
 
-  static size_t Carve(Carver& c, int64_t ldq, int64_t ldo, int64_t dq_head_rows,
+  // All pairs only, each as hi and lo: P and dS as pairs of query rows ([kQueryTile / 2]
+  // [kKeyTile]), dS as pairs along the keys ([kQueryTile][kKeyTile / 2]); one gradient row
+  // ([max(ldq, ldo)]).
+  uint32_t* p_pairs[2];
+  uint32_t* ds_pairs[2];
+  uint32_t* ds_rows[2];
+  T* grad_row;
+
+  static size_t Carve(Carver& c, int64_t ldq, int64_t ldo, int64_t dq_head_rows, bool all_pairs,
                       BackwardScratch* out) {
     BackwardScratch w;
     w.p = c.take<T>(kQueryTile * kKeyTile);
@@ -920,10 +945,54 @@ struct BackwardScratch {
     w.tanh = c.take<T>(kQueryTile * kKeyTile);
     w.drop = c.take<T>(kKeyTile);
     w.dq_head = c.take<T>(static_cast<size_t>(dq_head_rows * ldq));
+    const size_t pair_words = all_pairs ? kQueryTile * kKeyTile / 2 : 0;
+    for (int part = 0; part < 2; ++part) {
+      w.p_pairs[part] = c.take<uint32_t>(pair_words);
+      w.ds_pairs[part] = c.take<uint32_t>(pair_words);
+      w.ds_rows[part] = c.take<uint32_t>(pair_words);
+    }
+    w.grad_row = c.take<T>(all_pairs ? static_cast<size_t>(std::max(ldq, ldo)) : 0);
     if (out != nullptr) *out = w;
     return c.used();
   }
 };
+
+// dV^T += dO^T P and dK^T += Q^T dS of query tile `qtile` (its index in [B*Hq][nqt], rows rows)
+// against the key tile whose P and dS are in w, on bfloat16 pairs (BackwardPairs::all).
+template <typename T>
+void KeyGradientsFromPairs(const Problem& p, const BackwardShared<T>& sh,
+                           const BackwardScratch<T>& w, int64_t qtile, int64_t rows) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    const BackwardPairs& pr = *sh.pairs;
+    const size_t K2 = n((rows + 1) / 2), lda = kQueryTile / 2;
+    bf16::pack_row_pairs_split(w.p, n(rows), kKeyTile, kKeyTile, w.p_pairs[0], w.p_pairs[1],
+                               kKeyTile);
+    bf16::pack_row_pairs_split(w.ds, n(rows), kKeyTile, kKeyTile, w.ds_pairs[0], w.ds_pairs[1],
+                               kKeyTile);
+    for (int part = 0; part < 2; ++part) {  // hi, then lo
+      bf16::gemm(true, n(p.Ev), kKeyTile, K2, 1.0f, pr.dot + qtile * p.Ev * lda, lda,
+                 w.p_pairs[part], kKeyTile, w.dv_acc, kKeyTile);
+      bf16::gemm(true, n(p.E), kKeyTile, K2, 1.0f, pr.qt + qtile * p.E * lda, lda, w.ds_pairs[part],
+                 kKeyTile, w.dk_acc, kKeyTile);
+    }
+  }
+}
+
+// dq_rows [rows][ldq] += dS K_j for key tile `ktile` (its index in [B*Hkv][nkt], kc keys), on
+// bfloat16 pairs (BackwardPairs::all); the scale is applied when dQ is stored.
+template <typename T>
+void QueryGradientFromPairs(const BackwardShared<T>& sh, const BackwardScratch<T>& w, int64_t ktile,
+                            int64_t rows, int64_t kc, T* dq_rows) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    bf16::pack_rows_split(w.ds, n(rows), n(kc), kKeyTile, w.ds_rows[0], w.ds_rows[1], kKeyTile / 2);
+    for (int part = 0; part < 2; ++part) {
+      bf16::gemm(true, n(rows), n(sh.ldq), n((kc + 1) / 2), 1.0f, w.ds_rows[part], kKeyTile / 2,
+                 sh.pairs->kr + ktile * (kKeyTile / 2) * sh.ldq, n(sh.ldq), dq_rows, n(sh.ldq));
+    }
+  }
+}
 
 // P and dS of one (query tile, key tile) pair, recomputed from the saved log-sum-exp:
 //   P  = exp(S - lse)                 (exactly 0 for masked keys and fully masked rows;
@@ -1048,8 +1117,17 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
 // dK and dV of the keys s0 .. s0 + kc of key/value head (b, hkv) from the tile's accumulators,
 // written through the gradients' strides.
 template <typename T>
-void WriteKeyGradients(const Problem& p, const BackwardScratch<T>& w, int64_t b, int64_t hkv,
-                       int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
+void WriteKeyGradients(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
+                       int64_t b, int64_t hkv, int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
+  if (sh.pairs != nullptr && sh.pairs->all) {  // dK^T (without the scale) and dV^T
+    for (int64_t c = 0; c < kc; ++c) {
+      for (int64_t e = 0; e < p.E; ++e) w.grad_row[e] = w.dk_acc[e * kKeyTile + c];
+      StoreRow(p.dk, b, hkv, s0 + c, w.grad_row, p.E, static_cast<T>(p.scale));
+      for (int64_t e = 0; e < p.Ev; ++e) w.grad_row[e] = w.dv_acc[e * kKeyTile + c];
+      StoreRow(p.dv, b, hkv, s0 + c, w.grad_row, p.Ev, T(1));
+    }
+    return;
+  }
   for (int64_t c = 0; c < kc; ++c) {
     StoreRow(p.dk, b, hkv, s0 + c, w.dk_acc + c * ldq, p.E, T(1));
     StoreRow(p.dv, b, hkv, s0 + c, w.dv_acc + c * ldo, p.Ev, T(1));
@@ -1065,8 +1143,9 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group;
   const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
-  std::fill_n(w.dk_acc, kc * ldq, T(0));
-  std::fill_n(w.dv_acc, kc * ldo, T(0));
+  const bool all_pairs = sh.pairs != nullptr && sh.pairs->all;
+  std::fill_n(w.dk_acc, (all_pairs ? kKeyTile : kc) * ldq, T(0));
+  std::fill_n(w.dv_acc, (all_pairs ? kKeyTile : kc) * ldo, T(0));
   const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
@@ -1074,6 +1153,10 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
       const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
       const int64_t row0 = (b * p.Hq + h) * p.L + l0;
       const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+      if (all_pairs) {
+        KeyGradientsFromPairs(p, sh, w, (b * p.Hq + h) * sh.nqt + i, rows);
+        continue;
+      }
       const auto n = static_cast<size_t>(c.end - c.begin);
       Gemm<true>(n, ldo, rows, w.p + c.begin, 1, kKeyTile, sh.dout.row(b, h, l0), sh.dout.sl,
                  w.dv_acc + c.begin * ldo, ldo);
@@ -1081,7 +1164,7 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
                  w.dk_acc + c.begin * ldq, ldq);
     }
   }
-  WriteKeyGradients(p, w, b, hkv, s0, kc, ldq, ldo);
+  WriteKeyGradients(p, sh, w, b, hkv, s0, kc, ldq, ldo);
 }
 
 // dQ of one query tile: dQ_i = scale * sum_j dS_ij K_j over the key tiles it sees, in order.
@@ -1096,6 +1179,10 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile;
     const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+    if (sh.pairs != nullptr && sh.pairs->all) {
+      QueryGradientFromPairs(sh, w, bh * sh.nkt + j, rows, std::min(kKeyTile, p.S - s0), w.dq_acc);
+      continue;
+    }
     const int64_t n = c.end - c.begin;
     const T* k = sh.k.row(b, hkv, s0 + c.begin);
     if (sh.k_unsafe[bh * sh.nkt + j] != 0) {
@@ -1121,11 +1208,12 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
                       int64_t bh, int64_t j0, int64_t j1, T* dq_acc) {
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group, L = p.L;
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
+  const bool all_pairs = sh.pairs != nullptr && sh.pairs->all;
   std::fill_n(dq_acc, G * L * ldq, T(0));
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
-    std::fill_n(w.dk_acc, kc * ldq, T(0));
-    std::fill_n(w.dv_acc, kc * ldo, T(0));
+    std::fill_n(w.dk_acc, (all_pairs ? kKeyTile : kc) * ldq, T(0));
+    std::fill_n(w.dv_acc, (all_pairs ? kKeyTile : kc) * ldo, T(0));
     const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
     const T* k = sh.k.row(b, hkv, s0);
     const int64_t k_ld = sh.k.sl;
@@ -1136,6 +1224,11 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
         const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
         const int64_t row0 = (b * p.Hq + h) * L + l0;
         const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
+        if (all_pairs) {
+          KeyGradientsFromPairs(p, sh, w, (b * p.Hq + h) * sh.nqt + i, rows);
+          QueryGradientFromPairs(sh, w, bh * sh.nkt + j, rows, kc, dq_acc + (g * L + l0) * ldq);
+          continue;
+        }
         const int64_t n = c.end - c.begin;
         Gemm<true>(static_cast<size_t>(n), ldo, rows, w.p + c.begin, 1, kKeyTile,
                    sh.dout.row(b, h, l0), sh.dout.sl, w.dv_acc + c.begin * ldo, ldo);
@@ -1151,7 +1244,7 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
         }
       }
     }
-    WriteKeyGradients(p, w, b, hkv, s0, kc, ldq, ldo);
+    WriteKeyGradients(p, sh, w, b, hkv, s0, kc, ldq, ldo);
   }
 }
 
@@ -1264,6 +1357,11 @@ void BackwardT(const Problem& p, T* dsinks) {
                kt2_size = use_pairs ? n(BH * nkt * E2 * kKeyTile) : 0;
   const size_t do2_size = use_pairs ? n(BHq * L * Ev2) : 0,
                vt2_size = use_pairs ? n(BH * nkt * Ev2 * kKeyTile) : 0;
+  // The operands of the other three products, where they may take pairs too (AMX).
+  const bool amx_pairs = use_pairs && bf16::amx();
+  const size_t qt2_size = amx_pairs ? n(BHq * nqt * E * (kQueryTile / 2)) : 0,
+               dot2_size = amx_pairs ? n(BHq * nqt * Ev * (kQueryTile / 2)) : 0,
+               kr2_size = amx_pairs ? n(BH * nkt * (kKeyTile / 2) * ldq) : 0;
 
   const BackwardPlan plan =
       PlanBackward(BH, nkt, static_cast<int64_t>(n(BHq * L * ldq) * sizeof(T)));
@@ -1279,7 +1377,10 @@ void BackwardT(const Problem& p, T* dsinks) {
   measure.take<T>(n(3 * BHq * L));
   measure.take<uint8_t>(n(BH * nkt));
   measure.take<uint8_t>(n(BHq * nqt));
-  for (size_t size : {q2_size, kt2_size, do2_size, vt2_size}) measure.take<uint32_t>(size);
+  measure.take<uint8_t>(amx_pairs ? n(BHq * nqt) : 0);
+  for (size_t size : {q2_size, kt2_size, do2_size, vt2_size, qt2_size, dot2_size, kr2_size}) {
+    measure.take<uint32_t>(size);
+  }
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
   T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
@@ -1292,11 +1393,26 @@ void BackwardT(const Problem& p, T* dsinks) {
   T* inv_sum = carve.take<T>(n(BHq * L));
   uint8_t* k_unsafe = carve.take<uint8_t>(n(BH * nkt));
   uint8_t* renormalise = carve.take<uint8_t>(n(BHq * nqt));  // the query tile has such a row
+  // [B*Hq][nqt]: a row of the query tile that sees a key has a non-finite query or grad_out
+  uint8_t* qdo_unsafe = carve.take<uint8_t>(amx_pairs ? n(BHq * nqt) : 0);
   uint32_t* q2 = carve.take<uint32_t>(q2_size);
   uint32_t* kt2 = carve.take<uint32_t>(kt2_size);
   uint32_t* do2 = carve.take<uint32_t>(do2_size);
   uint32_t* vt2 = carve.take<uint32_t>(vt2_size);
-  const BackwardPairs pairs{.q = q2, .kt = kt2, .dout = do2, .vt = vt2, .E2 = E2, .Ev2 = Ev2};
+  uint32_t* qt2 = carve.take<uint32_t>(qt2_size);
+  uint32_t* dot2 = carve.take<uint32_t>(dot2_size);
+  uint32_t* kr2 = carve.take<uint32_t>(kr2_size);
+  // Not const: `all` is decided inside the parallel region, once every input has been read.
+  BackwardPairs pairs{.q = q2,
+                      .kt = kt2,
+                      .dout = do2,
+                      .vt = vt2,
+                      .E2 = E2,
+                      .Ev2 = Ev2,
+                      .qt = qt2,
+                      .dot = dot2,
+                      .kr = kr2,
+                      .all = false};
   const BackwardShared<T> sh{
       .kt = kt,
       .vt = vt,
@@ -1315,7 +1431,7 @@ void BackwardT(const Problem& p, T* dsinks) {
 
   Carver scratch_measure;
   const size_t scratch_bytes = BackwardScratch<T>::Carve(
-      scratch_measure, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, nullptr);
+      scratch_measure, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, amx_pairs, nullptr);
   const T scale = static_cast<T>(p.scale);
   RegionError err;
 #pragma omp parallel num_threads(p.threads)
@@ -1335,6 +1451,10 @@ void BackwardT(const Problem& p, T* dsinks) {
       if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
         PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
         PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
+      }
+      if (amx_pairs) {  // the key rows as pairs of rows, for dQ = dS K
+        bf16::pack_row_pairs(p.k.row<uint16_t>(b, hkv, s0), n(kc), n(E), n(p.k.sl),
+                             kr2 + t * (kKeyTile / 2) * ldq, n(ldq));
       }
     }
     // Per query tile: its rows of scale * Q and dO, D, and how each row's P is normalised.
@@ -1373,12 +1493,36 @@ void BackwardT(const Problem& p, T* dsinks) {
         any = any || !LseNormalises(row_lse);
       }
       renormalise[t] = any ? 1 : 0;
+      if (amx_pairs) {  // Q^T and dO^T of the tile, pairs along its rows (zero: sees no key)
+        const int64_t bh = t / nqt, b = bh / p.Hq, h = bh % p.Hq;
+        const uint16_t* qrows[kQueryTile];
+        const uint16_t* drows[kQueryTile];
+        bool finite = true;
+        for (int64_t r = 0; r < kQueryTile; ++r) {
+          const bool sees = r < rows && shift[bh * L + l0 + r] != kNegInf<T>;
+          qrows[r] = sees ? p.q.row<uint16_t>(b, h, l0 + r) : nullptr;
+          drows[r] = sees ? p.dout.row<uint16_t>(b, h, l0 + r) : nullptr;
+          if (sees) finite = finite && AllFiniteBf16(qrows[r], E) && AllFiniteBf16(drows[r], Ev);
+        }
+        bf16::pack_columns(qrows, kQueryTile, n(E), qt2 + t * E * (kQueryTile / 2), kQueryTile / 2);
+        bf16::pack_columns(drows, kQueryTile, n(Ev), dot2 + t * Ev * (kQueryTile / 2),
+                           kQueryTile / 2);
+        qdo_unsafe[t] = finite ? 0 : 1;
+      }
+    }
+    // Every input is read: whether the other three products may take pairs too.
+#pragma omp single
+    {
+      bool all = amx_pairs;
+      for (int64_t t = 0; t < BH * nkt && all; ++t) all = k_unsafe[t] == 0;
+      for (int64_t t = 0; t < BHq * nqt && all; ++t) all = qdo_unsafe[t] == 0;
+      pairs.all = all;
     }
     void* mem = err.reserve(scratch_bytes);
     BackwardScratch<T> w{};
     if (mem != nullptr) {
       Carver c(mem);
-      BackwardScratch<T>::Carve(c, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, &w);
+      BackwardScratch<T>::Carve(c, ldq, ldo, plan.chunks == 1 ? p.group * L : 0, amx_pairs, &w);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < BHq * nqt; ++t) {

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -347,6 +348,108 @@ SDPA_AMX_TARGET void GemmAmx(bool accumulate, std::size_t M, std::size_t N, std:
     }
   }
 }
+
+#define SDPA_BF16_BW_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// x as hi + lo: 16 float32 to two vectors of 16 bfloat16 (lo = 0 where x is not finite).
+SDPA_BF16_BW_TARGET inline void SplitNative(__m512 x, __m256i* hi, __m256i* lo) {
+  const __m256bh h = _mm512_cvtneps_pbh(x);
+  const __m512 rest = _mm512_sub_ps(x, _mm512_cvtpbh_ps(h));
+  // Finite: the exponent bits are not all ones.
+  const __m512i bits = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7f800000));
+  const __mmask16 finite = _mm512_cmpneq_epi32_mask(bits, _mm512_set1_epi32(0x7f800000));
+  *hi = (__m256i)h;
+  *lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_mov_ps(finite, rest));
+}
+
+SDPA_BF16_BW_TARGET void PackRowsSplitNative(const float* src, std::size_t M, std::size_t K,
+                                             std::size_t ld_src, std::uint32_t* hi,
+                                             std::uint32_t* lo, std::size_t lda) {
+  for (std::size_t m = 0; m < M; ++m) {
+    const float* s = src + m * ld_src;
+    auto* h = reinterpret_cast<std::uint16_t*>(hi + m * lda);
+    auto* l = reinterpret_cast<std::uint16_t*>(lo + m * lda);
+    std::size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m256i vh, vl;
+      SplitNative(_mm512_loadu_ps(s + k), &vh, &vl);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + k), vh);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + k), vl);
+    }
+    for (; k < K; ++k) {
+      h[k] = from_float(s[k]);
+      l[k] = std::isfinite(s[k]) ? from_float(s[k] - to_float(h[k])) : std::uint16_t{0};
+    }
+    std::fill(h + K, h + 2 * lda, std::uint16_t{0});
+    std::fill(l + K, l + 2 * lda, std::uint16_t{0});
+  }
+}
+
+// Rows 2 k2 and 2 k2 + 1 of float32, 16 columns at a time: vcvtne2ps2bf16 rounds both into one
+// vector (odd row's in the upper half), vpermw interleaves them into the pairs.
+alignas(64) constexpr std::uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+SDPA_BF16_BW_TARGET void PackRowPairsRoundedNative(const float* src, std::size_t K, std::size_t N,
+                                                   std::size_t ld_src, std::uint32_t* dst,
+                                                   std::size_t ldb) {
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (std::size_t k = 0; k < K; k += 2) {
+    const float* even = src + k * ld_src;
+    std::uint32_t* d = dst + (k / 2) * ldb;
+    const bool pair = k + 1 < K;
+    std::size_t n = 0;
+    for (; n + 16 <= N; n += 16) {
+      const __m512 odd = pair ? _mm512_loadu_ps(even + ld_src + n) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(odd, _mm512_loadu_ps(even + n));
+      _mm512_storeu_si512(d + n, _mm512_permutexvar_epi16(idx, both));
+    }
+    for (; n < N; ++n) {
+      d[n] = std::uint32_t{from_float(even[n])} |
+             (pair ? std::uint32_t{from_float(even[ld_src + n])} << 16 : 0u);
+    }
+    std::fill(d + N, d + ldb, 0u);
+  }
+}
+
+// Two vectors of 16 bfloat16 (rows 2 k2 and 2 k2 + 1) as 16 pairs.
+SDPA_BF16_BW_TARGET inline __m512i InterleaveNative(__m512i idx, __m256i even, __m256i odd) {
+  return _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(even), odd, 1));
+}
+
+SDPA_BF16_BW_TARGET void PackRowPairsSplitNative(const float* src, std::size_t K, std::size_t N,
+                                                 std::size_t ld_src, std::uint32_t* hi,
+                                                 std::uint32_t* lo, std::size_t ldb) {
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (std::size_t k = 0; k < K; k += 2) {
+    const float* even = src + k * ld_src;
+    std::uint32_t* dh = hi + (k / 2) * ldb;
+    std::uint32_t* dl = lo + (k / 2) * ldb;
+    const bool pair = k + 1 < K;
+    std::size_t n = 0;
+    for (; n + 16 <= N; n += 16) {
+      __m256i eh, el, oh, ol;
+      SplitNative(_mm512_loadu_ps(even + n), &eh, &el);
+      SplitNative(pair ? _mm512_loadu_ps(even + ld_src + n) : _mm512_setzero_ps(), &oh, &ol);
+      _mm512_storeu_si512(dh + n, InterleaveNative(idx, eh, oh));
+      _mm512_storeu_si512(dl + n, InterleaveNative(idx, el, ol));
+    }
+    for (; n < N; ++n) {
+      const auto split = [](float x, std::uint16_t* h, std::uint16_t* l) {
+        *h = from_float(x);
+        *l = std::isfinite(x) ? from_float(x - to_float(*h)) : std::uint16_t{0};
+      };
+      std::uint16_t he, le, ho = 0, lo_odd = 0;
+      split(even[n], &he, &le);
+      if (pair) split(even[ld_src + n], &ho, &lo_odd);
+      dh[n] = std::uint32_t{he} | std::uint32_t{ho} << 16;
+      dl[n] = std::uint32_t{le} | std::uint32_t{lo_odd} << 16;
+    }
+    std::fill(dh + N, dh + ldb, 0u);
+    std::fill(dl + N, dl + ldb, 0u);
+  }
+}
 #endif  // SDPA_BF16_NATIVE
 
 bool use_native() { return cpu_has_bf16() && !forced_fallback.load(std::memory_order_relaxed); }
@@ -489,6 +592,12 @@ void pack_row_pairs(const std::uint16_t* src, std::size_t K, std::size_t N, std:
 
 void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
                             std::uint32_t* dst, std::size_t ldb) {
+#if SDPA_BF16_NATIVE
+  if (use_native()) {
+    PackRowPairsRoundedNative(src, K, N, ld_src, dst, ldb);
+    return;
+  }
+#endif
   for (std::size_t k = 0; k < K; k += 2) {
     const float* even = src + k * ld_src;
     std::uint32_t* d = dst + (k / 2) * ldb;
@@ -501,6 +610,59 @@ void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std:
       for (std::size_t n = 0; n < N; ++n) d[n] = from_float(even[n]);
     }
     std::fill(d + N, d + ldb, 0u);
+  }
+}
+
+void pack_rows_split(const float* src, std::size_t M, std::size_t K, std::size_t ld_src,
+                     std::uint32_t* hi, std::uint32_t* lo, std::size_t lda) {
+#if SDPA_BF16_NATIVE
+  if (use_native()) {
+    PackRowsSplitNative(src, M, K, ld_src, hi, lo, lda);
+    return;
+  }
+#endif
+  std::vector<float> rest(K);
+  for (std::size_t m = 0; m < M; ++m) {
+    const float* s = src + m * ld_src;
+    for (std::size_t k = 0; k < K; ++k) {
+      rest[k] = std::isfinite(s[k]) ? s[k] - to_float(from_float(s[k])) : 0.0f;
+    }
+    pack_rows_rounded(s, 1, K, ld_src, hi + m * lda, lda);
+    pack_rows_rounded(rest.data(), 1, K, K, lo + m * lda, lda);
+  }
+}
+
+void pack_row_pairs_split(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                          std::uint32_t* hi, std::uint32_t* lo, std::size_t ldb) {
+#if SDPA_BF16_NATIVE
+  if (use_native()) {
+    PackRowPairsSplitNative(src, K, N, ld_src, hi, lo, ldb);
+    return;
+  }
+#endif
+  std::vector<float> rest(K * N);
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::size_t n = 0; n < N; ++n) {
+      const float x = src[k * ld_src + n];
+      rest[k * N + n] = std::isfinite(x) ? x - to_float(from_float(x)) : 0.0f;
+    }
+  }
+  pack_row_pairs_rounded(src, K, N, ld_src, hi, ldb);
+  pack_row_pairs_rounded(rest.data(), K, N, N, lo, ldb);
+}
+
+void pack_columns(const std::uint16_t* const* rows, std::size_t K, std::size_t M,
+                  std::uint32_t* dst, std::size_t lda) {
+  const std::size_t K2 = (K + 1) / 2;
+  for (std::size_t m = 0; m < M; ++m) {
+    std::uint32_t* d = dst + m * lda;
+    for (std::size_t k2 = 0; k2 < K2; ++k2) {
+      const std::uint16_t* even = rows[2 * k2];
+      const std::uint16_t* odd = 2 * k2 + 1 < K ? rows[2 * k2 + 1] : nullptr;
+      d[k2] = std::uint32_t{even != nullptr ? even[m] : std::uint16_t{0}} |
+              std::uint32_t{odd != nullptr ? odd[m] : std::uint16_t{0}} << 16;
+    }
+    std::fill(d + K2, d + lda, 0u);
   }
 }
 

@@ -127,9 +127,24 @@ void pack_row_pairs(const std::uint16_t* src, std::size_t K, std::size_t N, std:
                     std::uint32_t* dst, std::size_t ldb);
 
 /// pack_row_pairs from float32 rows, each element rounded as pack_rows_rounded rounds it (exact
-/// for float32 copies of bfloat16 values).
+/// for float32 copies of bfloat16 values; on the native path 16 columns at a time).
 void pack_row_pairs_rounded(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
                             std::uint32_t* dst, std::size_t ldb);
+
+/// pack_rows_rounded and pack_row_pairs_rounded as the sum of two bfloat16: hi = x rounded as
+/// there, lo = (x - hi) rounded (0 where x is not finite), so that gemm(hi) + gemm(lo) multiplies
+/// by x to a relative 2^-16 instead of 2^-8 (the native paths may flush a denormal lo to 0).
+void pack_rows_split(const float* src, std::size_t M, std::size_t K, std::size_t ld_src,
+                     std::uint32_t* hi, std::uint32_t* lo, std::size_t lda);
+void pack_row_pairs_split(const float* src, std::size_t K, std::size_t N, std::size_t ld_src,
+                          std::uint32_t* hi, std::uint32_t* lo, std::size_t ldb);
+
+/// A = T^T from bfloat16 rows of T (K x M; the query rows of a tile for dK^T = Q^T dS):
+/// dst[m][k2] = (rows[2 k2][m], rows[2 k2 + 1][m]) for m < M, where rows[k] points at row k of T
+/// and a null rows[k] is a row of zeros; the odd K's partner row and the pairs from ceil(K / 2)
+/// up to lda are zero.
+void pack_columns(const std::uint16_t* const* rows, std::size_t K, std::size_t M,
+                  std::uint32_t* dst, std::size_t lda);
 
 /// B = T^T from the bfloat16 rows of T (N x K, row-major; the key rows for S = Q K^T):
 /// dst[k2][n] = (src[n][2 k2], src[n][2 k2 + 1]) for n < N, zero for N <= n < ldb.

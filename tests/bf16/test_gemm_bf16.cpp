@@ -23,6 +23,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -191,6 +192,80 @@ TEST_P(Bf16Gemm, RoundsFloatToNearestEven) {
         if (k < K) {
           const double x = src[m * ld + k];
           ASSERT_LE(std::fabs(bf16::to_float(got) - x), 0x1p-8 * std::fabs(x));  // half an ulp
+        }
+      }
+    }
+  }
+}
+
+// pack_row_pairs_rounded (native: 16 columns per vcvtne2ps2bf16 and vpermw, then a scalar tail),
+// the two split packings (hi and lo) and pack_columns against their definitions: every pair, the
+// odd K's zero partner, the zero padding up to the leading dimension, null rows as zeros.
+TEST_P(Bf16Gemm, PairPackingMatchesItsDefinition) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  for (size_t K : {1, 2, 7, 64}) {
+    for (size_t N : {1, 16, 21, 128}) {
+      const size_t ld_src = N + 3, ldb = N + 9;
+      std::vector<float> src(K * ld_src);
+      for (float& x : src) x = normal(rng) * 10.f;
+      std::vector<uint32_t> dst(ceil_half(K) * ldb, 0xdeadbeef);
+      bf16::pack_row_pairs_rounded(src.data(), K, N, ld_src, dst.data(), ldb);
+      for (size_t k2 = 0; k2 < ceil_half(K); ++k2) {
+        for (size_t n = 0; n < ldb; ++n) {
+          const uint16_t even = n < N ? bf16::from_float(src[2 * k2 * ld_src + n]) : 0;
+          const uint16_t odd =
+              n < N && 2 * k2 + 1 < K ? bf16::from_float(src[(2 * k2 + 1) * ld_src + n]) : 0;
+          ASSERT_EQ(dst[k2 * ldb + n], uint32_t{even} | uint32_t{odd} << 16)
+              << "K=" << K << " N=" << N << " k2=" << k2 << " n=" << n;
+        }
+      }
+      // The split packings: hi = x rounded, lo = (x - hi) rounded, both in the same layout;
+      // an inf gets lo = 0.
+      src[0] = std::numeric_limits<float>::infinity();
+      const auto split = [](float x) {
+        const uint16_t h = bf16::from_float(x);
+        const uint16_t l = std::isfinite(x) ? bf16::from_float(x - bf16::to_float(h)) : 0;
+        return std::pair<uint32_t, uint32_t>{h, l};
+      };
+      std::vector<uint32_t> hi(ceil_half(K) * ldb, 0xdeadbeef), lo(hi.size(), 0xdeadbeef);
+      bf16::pack_row_pairs_split(src.data(), K, N, ld_src, hi.data(), lo.data(), ldb);
+      for (size_t k2 = 0; k2 < ceil_half(K); ++k2) {
+        for (size_t n = 0; n < ldb; ++n) {
+          const auto even =
+              n < N ? split(src[2 * k2 * ld_src + n]) : std::pair<uint32_t, uint32_t>{};
+          const auto odd = n < N && 2 * k2 + 1 < K ? split(src[(2 * k2 + 1) * ld_src + n])
+                                                   : std::pair<uint32_t, uint32_t>{};
+          ASSERT_EQ(hi[k2 * ldb + n], even.first | odd.first << 16) << "K=" << K << " n=" << n;
+          ASSERT_EQ(lo[k2 * ldb + n], even.second | odd.second << 16) << "K=" << K << " n=" << n;
+        }
+      }
+      // pack_rows_split: rows of N along k (K rows), lda words per row.
+      const size_t lda_rows = ceil_half(N) + 1;
+      std::vector<uint32_t> rh(K * lda_rows, 0xdeadbeef), rl(rh.size(), 0xdeadbeef);
+      bf16::pack_rows_split(src.data(), K, N, ld_src, rh.data(), rl.data(), lda_rows);
+      for (size_t m = 0; m < K; ++m) {
+        for (size_t k = 0; k < 2 * lda_rows; ++k) {
+          const auto want = k < N ? split(src[m * ld_src + k]) : std::pair<uint32_t, uint32_t>{};
+          const uint32_t wh = rh[m * lda_rows + k / 2], wl = rl[m * lda_rows + k / 2];
+          ASSERT_EQ(k % 2 == 0 ? wh & 0xffffu : wh >> 16, want.first) << "m=" << m << " k=" << k;
+          ASSERT_EQ(k % 2 == 0 ? wl & 0xffffu : wl >> 16, want.second) << "m=" << m << " k=" << k;
+        }
+      }
+      // pack_columns: T is K x N bfloat16 (row 1 null when K > 1), A = T^T as N x ceil(K/2).
+      const std::vector<uint16_t> t = random_bf16(K, N, ld_src, rng);
+      std::vector<const uint16_t*> rows(K);
+      for (size_t k = 0; k < K; ++k) rows[k] = k == 1 ? nullptr : t.data() + k * ld_src;
+      const size_t lda = ceil_half(K) + 2;
+      std::vector<uint32_t> a(N * lda, 0xdeadbeef);
+      bf16::pack_columns(rows.data(), K, N, a.data(), lda);
+      for (size_t m = 0; m < N; ++m) {
+        for (size_t k2 = 0; k2 < lda; ++k2) {
+          const auto at = [&](size_t k) -> uint32_t {
+            return k < K && rows[k] != nullptr ? rows[k][m] : 0;
+          };
+          ASSERT_EQ(a[m * lda + k2], at(2 * k2) | at(2 * k2 + 1) << 16)
+              << "K=" << K << " m=" << m << " k2=" << k2;
         }
       }
     }
