@@ -957,6 +957,12 @@ struct BackwardScratch {
   }
 };
 
+// Whether this call runs all five products on bfloat16 pairs (BackwardPairs::all).
+template <typename T>
+bool AllPairs(const BackwardShared<T>& sh) {
+  return sh.pairs != nullptr && sh.pairs->all;
+}
+
 // dV^T += dO^T P and dK^T += Q^T dS of query tile `qtile` (its index in [B*Hq][nqt], rows rows)
 // against the key tile whose P and dS are in w, on bfloat16 pairs (BackwardPairs::all).
 template <typename T>
@@ -1119,7 +1125,7 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
 template <typename T>
 void WriteKeyGradients(const Problem& p, const BackwardShared<T>& sh, const BackwardScratch<T>& w,
                        int64_t b, int64_t hkv, int64_t s0, int64_t kc, int64_t ldq, int64_t ldo) {
-  if (sh.pairs != nullptr && sh.pairs->all) {  // dK^T (without the scale) and dV^T
+  if (AllPairs(sh)) {  // dK^T (without the scale) and dV^T
     for (int64_t c = 0; c < kc; ++c) {
       for (int64_t e = 0; e < p.E; ++e) w.grad_row[e] = w.dk_acc[e * kKeyTile + c];
       StoreRow(p.dk, b, hkv, s0 + c, w.grad_row, p.E, static_cast<T>(p.scale));
@@ -1143,7 +1149,7 @@ void BackwardKeyTile(const Problem& p, const BackwardShared<T>& sh, const Backwa
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group;
   const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
-  const bool all_pairs = sh.pairs != nullptr && sh.pairs->all;
+  const bool all_pairs = AllPairs(sh);
   std::fill_n(w.dk_acc, (all_pairs ? kKeyTile : kc) * ldq, T(0));
   std::fill_n(w.dv_acc, (all_pairs ? kKeyTile : kc) * ldo, T(0));
   const flash::TileSpan qtiles = flash::query_tiles(p, s0, kc, kQueryTile);
@@ -1179,7 +1185,7 @@ void BackwardQueryTile(const Problem& p, const BackwardShared<T>& sh, const Back
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile;
     const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
-    if (sh.pairs != nullptr && sh.pairs->all) {
+    if (AllPairs(sh)) {
       QueryGradientFromPairs(sh, w, bh * sh.nkt + j, rows, std::min(kKeyTile, p.S - s0), w.dq_acc);
       continue;
     }
@@ -1208,7 +1214,7 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
                       int64_t bh, int64_t j0, int64_t j1, T* dq_acc) {
   const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv, G = p.group, L = p.L;
   const int64_t ldq = sh.ldq, ldo = sh.ldo;
-  const bool all_pairs = sh.pairs != nullptr && sh.pairs->all;
+  const bool all_pairs = AllPairs(sh);
   std::fill_n(dq_acc, G * L * ldq, T(0));
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
