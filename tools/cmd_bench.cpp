@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string impl = "fast";
   std::string dtype = "float32";
   std::string kv_dtype = "float32";
+  std::vector<std::string> kv_compare;
   std::vector<std::int64_t> window;  // --window LEFT,RIGHT
   bool peak = false;
   bool json = false;
@@ -74,6 +75,16 @@ void print_decode(const nlohmann::json& j) {
       j["kv_gbps_per_cpu_second"].get<double>(),
       j["percent_of_read_bandwidth_cpu_time"].get<double>(),
       j["read_gbps_per_cpu_second"].get<double>());
+  if (j.contains("compare")) {
+    for (const nlohmann::json& c : j["compare"]) {
+      std::cout << fmt::format(
+          "  {} cache, same rounds: median {:.6f} s, {:.1f} GB/s; its time / {}'s: {:.3f} "
+          "(median over the rounds)\n",
+          c["kv_dtype"].get<std::string>(), c["seconds_median"].get<double>(),
+          c["kv_gbps_median"].get<double>(), j["kv_dtype"].get<std::string>(),
+          c["seconds_ratio_paired_median"].get<double>());
+    }
+  }
   std::cout << fmt::format("  target {}, {} threads, CPU {}, peak RSS {:.0f} MiB\n",
                            j["target"].get<std::string>(), j["threads"].get<int>(),
                            j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
@@ -137,6 +148,12 @@ void add_bench_command(CLI::App& app) {
                   "queries stay float32)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
       ->capture_default_str();
+  cmd->add_option("--kv-compare", a->kv_compare,
+                  "with --kv-cache: also time caches of these dtypes (e.g. float32), one call of "
+                  "each after every call of --kv-dtype's, and print each one's time over "
+                  "--kv-dtype's, the median over the rounds (a ratio measured under one load)")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
+      ->delimiter(',');
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
                 "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");
@@ -197,9 +214,14 @@ void add_bench_command(CLI::App& app) {
     }
     if (a->config.kv_cache) {
       if (cmd->count("--seq") == 0) a->config.seq = 1;
-      a->config.kv_dtype = a->kv_dtype == "float16"    ? DType::float16
-                           : a->kv_dtype == "bfloat16" ? DType::bfloat16
-                                                       : DType::float32;
+      const auto kv_dtype = [](const std::string& name) {
+        return name == "float16"    ? DType::float16
+               : name == "bfloat16" ? DType::bfloat16
+                                    : DType::float32;
+      };
+      a->config.kv_dtype = kv_dtype(a->kv_dtype);
+      a->config.kv_compare.clear();
+      for (const std::string& name : a->kv_compare) a->config.kv_compare.push_back(kv_dtype(name));
       const nlohmann::json j = bench::run_decode_bench(a->config);
       if (a->json) {
         std::cout << j.dump() << "\n";

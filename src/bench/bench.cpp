@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <new>
 #include <numeric>
 #include <random>
@@ -283,6 +284,12 @@ struct CacheBuffer {
   MutableTensorRef mut() const { return MutableTensorRef{data, dtype, shape}; }
 };
 
+double median_of(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n == 0 ? 0.0 : n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 // Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
 // the normal distribution, and the timing does not depend on the values.
 void fill_uniform(CacheBuffer& c, std::uint64_t seed) {
@@ -376,9 +383,29 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
     throw Error(fmt::format("--kv-dtype: expected float32, float16 or bfloat16, got {}",
                             dtype_name(config.kv_dtype)));
   }
+  for (std::size_t i = 0; i < config.kv_compare.size(); ++i) {
+    const DType t = config.kv_compare[i];
+    if (t != DType::float32 && t != DType::float16 && t != DType::bfloat16) {
+      throw Error(fmt::format("--kv-compare: expected float32, float16 or bfloat16, got {}",
+                              dtype_name(t)));
+    }
+    if (t == config.kv_dtype || std::find(config.kv_compare.begin(), config.kv_compare.begin() + i,
+                                          t) != config.kv_compare.begin() + i) {
+      throw Error(fmt::format(
+          "--kv-compare: expected dtypes other than --kv-dtype {} and each once, got {} twice",
+          dtype_name(config.kv_dtype), dtype_name(t)));
+    }
+  }
   CacheBuffer k_cache(config.kv_dtype, k_shape), v_cache(config.kv_dtype, v_shape);
   fill_uniform(k_cache, 2);
   fill_uniform(v_cache, 3);
+  std::vector<std::unique_ptr<CacheBuffer>> k_other, v_other;
+  for (const DType t : config.kv_compare) {
+    k_other.push_back(std::make_unique<CacheBuffer>(t, k_shape));
+    v_other.push_back(std::make_unique<CacheBuffer>(t, v_shape));
+    fill_uniform(*k_other.back(), 2);
+    fill_uniform(*v_other.back(), 3);
+  }
   Array out(DType::float32, {B, L, H, Ev}), lse(DType::float32, {B, H, L});
   const Int32TensorRef seqlens_ref{seqlens.data(), {B}};
   const Int32TensorRef table_ref{table.data(), {B, max_blocks}};
@@ -392,15 +419,24 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   const auto call = [&] {
     attention_with_kvcache(q, k_cache.mut(), v_cache.mut(), inputs, options, out.mut(), &lse_ref);
   };
+  const auto call_other = [&](std::size_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attention_with_kvcache(q, k_other[i]->mut(), v_other[i]->mut(), inputs, options, out.mut(),
+                           &lse_ref);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   call();  // warm-up: workspaces, threads
+  for (std::size_t i = 0; i < k_other.size(); ++i) call_other(i);
 
   std::vector<double> seconds, cpu_seconds;
+  std::vector<std::vector<double>> other_seconds(k_other.size());
   for (int r = 0; r < config.repeat; ++r) {
     const double c0 = process_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     call();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     cpu_seconds.push_back(process_cpu_seconds() - c0);
+    for (std::size_t i = 0; i < k_other.size(); ++i) other_seconds[i].push_back(call_other(i));
   }
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
@@ -437,6 +473,21 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   j["kv_gbps_per_cpu_second"] = cpu_gbps;
   j["read_gbps_per_cpu_second"] = bw.per_cpu_second_gbps;
   j["percent_of_read_bandwidth_cpu_time"] = 100.0 * cpu_gbps / bw.per_cpu_second_gbps;
+  // Each compared dtype: its own median, and the median over rounds of its time divided by
+  // kv_dtype's in the same round (a load that drifts between rounds cancels in the ratio).
+  nlohmann::json compare = nlohmann::json::array();
+  for (std::size_t i = 0; i < k_other.size(); ++i) {
+    const DType t = config.kv_compare[i];
+    std::vector<double> ratio, s = other_seconds[i];
+    for (std::size_t r = 0; r < s.size(); ++r) ratio.push_back(s[r] / seconds[r]);
+    const double other_median = median_of(s),
+                 bytes = kv_bytes / double(dtype_size(config.kv_dtype)) * double(dtype_size(t));
+    compare.push_back({{"kv_dtype", dtype_name(t)},
+                       {"seconds_median", other_median},
+                       {"kv_gbps_median", bytes / other_median * 1e-9},
+                       {"seconds_ratio_paired_median", median_of(ratio)}});
+  }
+  if (!compare.empty()) j["compare"] = compare;
   j["target"] = detail::decode_kernel_target();
   j["max_rss_mib"] = max_rss_mib();
   return j;

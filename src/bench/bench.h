@@ -30,6 +30,10 @@ struct BenchConfig {
   std::int64_t page_size = 0;
   std::vector<std::int64_t> kv_lens;
   DType kv_dtype = DType::float32;  // of the caches: float32, float16 or bfloat16
+  // Caches of these other dtypes, holding the same values rounded to theirs, timed in the same
+  // rounds as kv_dtype's (one call of each per round, kv_dtype's first), so that their ratios
+  // are measured under the same load: run_decode_bench adds "compare" to its JSON.
+  std::vector<DType> kv_compare;
   // Attention variants (docs/variants.md), run_bench only: a sliding window (-1: unbounded
   // side), a logit softcap (0: off), ALiBi with BLOOM's slopes 2^(-8 (h + 1) / H), one sink
   // logit of 0 per head, dropout with its seed. With a window, the FLOP count is that of the

@@ -36,12 +36,33 @@ for extra, lens, page in ((["--kv-seq", "300"], [300], 0),
     check(j["kv_bytes"] == want, f"bench {extra}: kv_bytes {j['kv_bytes']} != {want}")
     check(j["read_gbps"] > 0 and j["kv_gbps_median"] > 0, f"bench {extra}: rates")
 
+# --kv-compare: the other dtypes timed in the same rounds, each with its bytes (half of float32's
+# for a 16-bit cache) and the median over the rounds of its time over --kv-dtype's.
+r = run(*tiny, "--kv-seq", "300", "--kv-dtype", "bfloat16", "--kv-compare", "float32,float16")
+check(r.returncode == 0, f"bench --kv-compare exit {r.returncode}: {r.stderr}")
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    check(j["kv_dtype"] == "bfloat16" and j["kv_bytes"] == 300 * 2 * 32 * 2,
+          f"bench --kv-compare: {j['kv_dtype']} {j['kv_bytes']}")
+    c = j.get("compare", [])
+    check([x["kv_dtype"] for x in c] == ["float32", "float16"], f"bench --kv-compare: {c}")
+    for x in c:
+        size = 4 if x["kv_dtype"] == "float32" else 2
+        gbps = 300 * 2 * 32 * size / x["seconds_median"] * 1e-9
+        check(abs(x["kv_gbps_median"] - gbps) <= 1e-9 * gbps and x["seconds_ratio_paired_median"] > 0,
+              f"bench --kv-compare: {x}")
+r = run(*tiny, "--kv-seq", "300", "--json")
+check(r.returncode == 0 and "compare" not in json.loads(r.stdout), "bench: compare only when asked")
+
 r = run("--peak", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["read_gbps"] > 0, "bench --peak --json read_gbps")
 
 for bad, option in ((["--kv-cache", "--page-size", "-1"], "--page-size"),
                     (["--kv-cache", "--kv-lens", "5,-2"], "--kv-lens"),
-                    (["--kv-cache", "--kv-heads", "3"], "--kv-heads")):
+                    (["--kv-cache", "--kv-heads", "3"], "--kv-heads"),
+                    (["--kv-cache", "--kv-compare", "float32"], "--kv-compare"),
+                    (["--kv-cache", "--kv-compare", "float16,float16"], "--kv-compare"),
+                    (["--kv-cache", "--kv-compare", "float64"], "--kv-compare")):
     r = run(*bad)
     check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
 
