@@ -23,35 +23,18 @@ Usage: bench/compare.py [--sdpa build/sdpa] [--threads 2] [--rounds 3] [--repeat
 A case is PASS:B,H,N,E with PASS one of fwd, bwd, cfwd, cbwd (c = causal, upper-left).
 """
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
+
+from benchlib import (add_common_options, check_common_options, cpu, print_run_line, run_fields,
+                      run_json)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 DEFAULT_CASES = ["fwd:1,8,4096,64", "fwd:1,8,4096,128", "bwd:1,8,4096,64", "bwd:1,8,4096,128",
                  "cfwd:1,8,4096,64", "cbwd:1,8,4096,64"]
-
-
-def cpu():
-    model, flags = "unknown", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    family = model
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("cpu family"):
-                family = f"{model}, family {line.split(':')[1].strip()}"
-                break
-    return family, "avx512f" in flags
 
 
 def parse_case(text):
@@ -66,13 +49,6 @@ def parse_case(text):
         sys.exit(f"--cases: expected four positive integers B,H,N,E, got '{text}'")
     return {"name": text, "backward": kind.endswith("bwd"), "causal": kind.startswith("c"),
             "shape": dims}
-
-
-def run_json(cmd, env=None):
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-    return json.loads(r.stdout)
 
 
 def sdpa_once(args, case):
@@ -104,22 +80,14 @@ def torch_once(args, case, avx512):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sdpa", default=os.path.join(HERE, "..", "build", "sdpa"))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per side per round")
+    add_common_options(p, "alternating rounds per case")
     p.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
     p.add_argument("--no-torch", action="store_true", help="sdpa and the peak only")
-    p.add_argument("--target", default="",
-                   help="SIMD target for sdpa and the peak (e.g. avx2; default: the best)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
-    if not os.path.exists(args.sdpa):
-        sys.exit(f"--sdpa: expected the sdpa program, {args.sdpa} does not exist")
-    if args.threads < 1 or args.rounds < 1 or args.repeat < 1:
-        sys.exit("--threads, --rounds, --repeat: expected positive integers")
+    check_common_options(args)
     cases = [parse_case(c) for c in args.cases]
-    model, avx512 = cpu()
+    model, flags = cpu()
+    avx512 = "avx512f" in flags
     # PyTorch's environment follows the target sdpa runs on: an AVX3 target is AVX-512.
     torch_avx512 = avx512 and (not args.target or args.target.upper().startswith("AVX3"))
     peak_cmd = [args.sdpa, "bench", "--peak", "--json", "--threads", str(args.threads)]
@@ -144,18 +112,13 @@ def main():
     for row in rows:
         row["percent_of_peak"] = 100 * row["sdpa_gflops"] / peak
         row["ratio"] = row["sdpa_gflops"] / row["torch_gflops"] if row["torch_gflops"] else None
-    result = {"date": datetime.date.today().isoformat(), "cpu": model, "avx512": avx512,
-              "target": args.target or "best", "torch_capability":
-              "avx512" if torch_avx512 else "avx2", "load_average": os.getloadavg()[0],
-              "threads": args.threads, "rounds": args.rounds, "repeat": args.repeat,
-              "peak_gflops_median": peak, "peaks": peaks, "rows": rows}
+    result = run_fields(args, model, peaks)
+    result.update({"avx512": avx512, "torch_capability": "avx512" if torch_avx512 else "avx2",
+                   "rows": rows})
     if args.json:
         print(json.dumps(result))
         return
-    label = f"target {args.target}, " if args.target else ""
-    print(f"{result['date']}, {model} ({'AVX-512' if avx512 else 'AVX2'}), {label}{args.threads} "
-          f"threads, FMA peak {peak:.0f} GFLOP/s (median of {len(peaks)}, same run), load "
-          f"average {result['load_average']:.1f}")
+    print_run_line(result, "AVX-512" if avx512 else "AVX2")
     print("| case (B,H,L=S,E) | sdpa GFLOP/s | % of peak | % per CPU-second | tuned PyTorch | ratio |")
     print("|---|---|---|---|---|---|")
     for row in rows:
