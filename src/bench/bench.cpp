@@ -59,6 +59,13 @@ double max_rss_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
+// The median of x (0 for none).
+double median_of(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n == 0 ? 0.0 : n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 // The fields both benchmarks write first: what ran, on which shape, and the timings.
 struct Header {
   std::string impl, pass, dtype;
@@ -70,7 +77,6 @@ struct Header {
 nlohmann::json header_json(const Header& h, const std::vector<double>& seconds) {
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
-  const std::size_t n = sorted.size();
   nlohmann::json j;
   j["impl"] = h.impl;
   j["pass"] = h.pass;
@@ -86,7 +92,7 @@ nlohmann::json header_json(const Header& h, const std::vector<double>& seconds) 
   j["threads"] = h.threads;
   j["repeat"] = h.repeat;
   j["seconds"] = seconds;
-  j["seconds_median"] = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  j["seconds_median"] = median_of(seconds);
   j["seconds_min"] = sorted.front();
   j["seconds_max"] = sorted.back();
   j["cpu"] = cpu_model();
@@ -185,8 +191,7 @@ nlohmann::json run_bench(const BenchConfig& config) {
   const double cpu_median = cpu_seconds[cpu_seconds.size() / 2];
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
-  const std::size_t n = sorted.size();
-  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double median = median_of(seconds);
 
   // Forward 2 * B * H * L * S * (E + Ev) (= 4 B H L S E when Ev = E), halved when causal;
   // backward 2.5 times that (the usual convention: 5 products instead of 2).
@@ -284,12 +289,6 @@ struct CacheBuffer {
   MutableTensorRef mut() const { return MutableTensorRef{data, dtype, shape}; }
 };
 
-double median_of(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  return n == 0 ? 0.0 : n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 // Cheap uniform [-1, 1) entries (xorshift64*): a cache of 10^8 values would take seconds with
 // the normal distribution, and the timing does not depend on the values.
 void fill_uniform(CacheBuffer& c, std::uint64_t seed) {
@@ -378,17 +377,16 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   std::vector<std::int64_t> v_shape = k_shape;
   v_shape.back() = Ev;
   const Array q = random_normal({B, L, H, E}, 1);
-  if (config.kv_dtype != DType::float32 && config.kv_dtype != DType::float16 &&
-      config.kv_dtype != DType::bfloat16) {
-    throw Error(fmt::format("--kv-dtype: expected float32, float16 or bfloat16, got {}",
-                            dtype_name(config.kv_dtype)));
-  }
+  const auto check_cache_dtype = [](DType t, const char* option) {
+    if (t != DType::float32 && t != DType::float16 && t != DType::bfloat16) {
+      throw Error(
+          fmt::format("{}: expected float32, float16 or bfloat16, got {}", option, dtype_name(t)));
+    }
+  };
+  check_cache_dtype(config.kv_dtype, "--kv-dtype");
   for (std::size_t i = 0; i < config.kv_compare.size(); ++i) {
     const DType t = config.kv_compare[i];
-    if (t != DType::float32 && t != DType::float16 && t != DType::bfloat16) {
-      throw Error(fmt::format("--kv-compare: expected float32, float16 or bfloat16, got {}",
-                              dtype_name(t)));
-    }
+    check_cache_dtype(t, "--kv-compare");
     if (t == config.kv_dtype || std::find(config.kv_compare.begin(), config.kv_compare.begin() + i,
                                           t) != config.kv_compare.begin() + i) {
       throw Error(fmt::format(
@@ -441,8 +439,7 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
   std::sort(cpu_seconds.begin(), cpu_seconds.end());
-  const std::size_t n = sorted.size();
-  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double median = median_of(seconds);
   const std::int64_t total_keys = std::accumulate(lens.begin(), lens.end(), std::int64_t{0});
   // Bytes that must come from memory: every cached K and V row once per kv head.
   const double kv_bytes =
