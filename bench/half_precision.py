@@ -56,8 +56,7 @@ def main():
     model, flags = cpu()
     target = ["--target", args.target] if args.target else []
     # vdpbf16ps runs where the CPU has AVX512_BF16 and sdpa runs its best target (AVX3_DL).
-    native_bf16 = "avx512_bf16" in flags and (not args.target or
-                                               args.target.upper() in ("AVX3_DL", "AVX3_ZEN4"))
+    native_bf16 = "avx512_bf16" in flags and args.target.upper() in ("", "AVX3_DL")
     common = ["--json", "--threads", str(args.threads), *target]
     peaks = []
     runs = {(pass_, d): [] for pass_ in ("forward", "backward") for d in DTYPES}

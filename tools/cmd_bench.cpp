@@ -31,6 +31,11 @@ struct BenchArgs {
 #endif
 };
 
+// --dtype, --kv-dtype and --kv-compare, whose values CLI11 has already checked.
+DType bench_dtype(const std::string& name) {
+  return name == "bfloat16" ? DType::bfloat16 : name == "float16" ? DType::float16 : DType::float32;
+}
+
 void print_human(const nlohmann::json& j) {
   std::cout << fmt::format("{} {}: B={} H={} Hkv={} L={} S={} E={} Ev={} causal={}\n",
                            j["impl"].get<std::string>(), j["pass"].get<std::string>(),
@@ -198,9 +203,7 @@ void add_bench_command(CLI::App& app) {
     }
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
-    a->config.dtype = a->dtype == "bfloat16"  ? DType::bfloat16
-                      : a->dtype == "float16" ? DType::float16
-                                              : DType::float32;
+    a->config.dtype = bench_dtype(a->dtype);
 #ifdef SDPA_HAS_MPI
     if (!a->context_parallel.strategy.empty()) {
       return run_context_parallel_bench(a->config, a->context_parallel, a->json);
@@ -214,14 +217,11 @@ void add_bench_command(CLI::App& app) {
     }
     if (a->config.kv_cache) {
       if (cmd->count("--seq") == 0) a->config.seq = 1;
-      const auto kv_dtype = [](const std::string& name) {
-        return name == "float16"    ? DType::float16
-               : name == "bfloat16" ? DType::bfloat16
-                                    : DType::float32;
-      };
-      a->config.kv_dtype = kv_dtype(a->kv_dtype);
+      a->config.kv_dtype = bench_dtype(a->kv_dtype);
       a->config.kv_compare.clear();
-      for (const std::string& name : a->kv_compare) a->config.kv_compare.push_back(kv_dtype(name));
+      for (const std::string& name : a->kv_compare) {
+        a->config.kv_compare.push_back(bench_dtype(name));
+      }
       const nlohmann::json j = bench::run_decode_bench(a->config);
       if (a->json) {
         std::cout << j.dump() << "\n";
