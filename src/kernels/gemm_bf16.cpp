@@ -222,6 +222,11 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
+// GCC's _tile_loadconfig names only the first 8 bytes of the configuration as its operand, so
+// the stores of a configuration built on the stack may be dropped as dead; a constant in
+// read-only data is always all there.
+constexpr TileConfig kTileConfig{};
+
 // The tile instructions' asm statements (GCC's intrinsics) tell the compiler nothing about the
 // memory they read: this keeps the plain stores that fill a buffer before its tile load.
 inline void CompilerBarrier() { __asm__ __volatile__("" ::: "memory"); }
@@ -318,8 +323,7 @@ SDPA_AMX_TARGET void GemmAmx(bool accumulate, std::size_t M, std::size_t N, std:
   const bool load_c = direct && accumulate;
   const std::uint32_t* bt = b_tail.data();
   CompilerBarrier();
-  const TileConfig config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&kTileConfig);
   std::size_t m = 0;
   for (; m + 32 <= Mr; m += 32) {
     AmxRowPanel<2>(N, K2, a + m * lda, lda, b, ldb, bt, N, cc + m * ldcc, ldcc, load_c);
