@@ -10,8 +10,10 @@ namespace sdpa::detail {
 const char* fast_kernel_target();
 
 /// y = exp(x) with the kernel's exp on the dispatched target; n must be a multiple of 16.
-/// Contract (tested): for x in [-87, 0] within 2 ULP of exp; exactly 0 for x = -inf.
-void fast_exp_for_test(const float* x, float* y, std::size_t n);
+/// non_positive: the variant without the clamp at 88, for arguments <= 0 (and -inf, NaN).
+/// Contract (tested): for x in [-87.33, 88] (non_positive: [-87.33, 0]) within 1 ULP of exp;
+/// exactly 1 at +-0; exactly 0 for x = -inf, NaN and below -87.34.
+void fast_exp_for_test(const float* x, float* y, std::size_t n, bool non_positive = false);
 
 /// Pins the fused backward's work plan (see PlanBackward in flash.cpp), so that tests reach
 /// every plan on small shapes: -1 (the default) chooses by the shape, 0 forces the two-pass

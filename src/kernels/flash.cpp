@@ -1606,10 +1606,12 @@ void BackwardDouble(const Problem& p, void* dsinks) {
   BackwardT<double>(p, static_cast<double*>(dsinks));
 }
 const char* TargetNameOfKernel() { return hwy::TargetName(HWY_TARGET); }
-void ExpForTest(const float* x, float* y, size_t n) {
+void ExpForTest(const float* x, float* y, size_t n, bool non_positive) {
   const hn::ScalableTag<float> d;
-  for (size_t i = 0; i < n; i += hn::Lanes(d))
-    hn::StoreU(ExpSoftmax(d, hn::LoadU(d, x + i)), d, y + i);
+  for (size_t i = 0; i < n; i += hn::Lanes(d)) {
+    const auto v = hn::LoadU(d, x + i);
+    hn::StoreU(non_positive ? ExpSoftmax<true>(d, v) : ExpSoftmax(d, v), d, y + i);
+  }
 }
 void DropoutFactorsForTest(const Variants& v, int64_t b, int64_t h, int64_t i, int64_t j0,
                            int64_t n, float* factor) {
@@ -1664,8 +1666,8 @@ const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKerne
 
 void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test = chunks; }
 
-void fast_exp_for_test(const float* x, float* y, std::size_t n) {
-  HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n);
+void fast_exp_for_test(const float* x, float* y, std::size_t n, bool non_positive) {
+  HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n, non_positive);
 }
 
 void fast_dropout_factors_for_test(const Variants& v, std::int64_t b, std::int64_t h,

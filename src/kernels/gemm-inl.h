@@ -176,21 +176,24 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
 /// maximum or its log-sum-exp). float32: within 1 ULP of exp on [-87.33, 88], exactly 1 at 0 and
 /// 0 below -87.33 (where exp leaves float32's normal range: such a weight is below 2^-126 of the
 /// row's largest, which is 1), at -inf and at NaN (as hn::Exp, whose NaN rows RowMax catches).
-/// Arguments above 88 are taken as 88. It is hn::Exp's reduction and polynomial with a cheaper
-/// rounding and reconstruction: n = round(x / ln 2) comes from adding x / ln 2 to
+/// Arguments above 88 are taken as 88; kNonPositive leaves that clamp out for callers whose
+/// arguments are never positive (a score minus its row's maximum): one operation of fifteen,
+/// the same result for every argument <= 0. It is hn::Exp's reduction and polynomial with a
+/// cheaper rounding and reconstruction: n = round(x / ln 2) comes from adding x / ln 2 to
 /// 1.5 * 2^23 + 127, whose low mantissa bits then hold n + 127, so that 2^n is those bits moved
 /// into the exponent field; e^r - 1 on r = x - n ln 2 (Cody-Waite, two parts of ln 2) is
 /// hn::Exp's degree-5 polynomial, and (1 + (e^r - 1)) 2^n one multiply-add. Fifteen vector
 /// operations against hn::Exp's twenty-two, which matters: the forward spends a fifth of its time
 /// in the softmax. float64 takes hn::Exp.
-template <class D, class V>
+template <bool kNonPositive = false, class D, class V>
 HWY_INLINE V ExpSoftmax(D d, V x) {
   if constexpr (sizeof(hn::TFromD<D>) != 4) {
     return hn::Exp(d, x);
   } else {
     const hn::RebindToSigned<D> di;
     const auto shifter = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
-    const auto xc = hn::Min(x, hn::Set(d, 88.0f));
+    V xc = x;
+    if constexpr (!kNonPositive) xc = hn::Min(x, hn::Set(d, 88.0f));
     const auto t = hn::MulAdd(xc, hn::Set(d, 1.44269504088896341f), shifter);
     const auto n = hn::Sub(t, shifter);  // exact: an integer in [-126, 127] where it is used
     auto r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), xc);
@@ -201,7 +204,8 @@ HWY_INLINE V ExpSoftmax(D d, V x) {
   }
 }
 
-/// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0). shift finite.
+/// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0). shift is at
+/// least every x[i] (the row's running maximum), or NaN, so no argument is positive.
 template <typename T>
 HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, std::size_t n, T shift) {
   const hn::ScalableTag<T> d;
@@ -209,7 +213,7 @@ HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, std::size_t n, T shift) {
   const auto vs = hn::Set(d, shift);
   auto sum = hn::Zero(d);
   for (std::size_t i = 0; i < n; i += lanes) {
-    const auto e = ExpSoftmax(d, hn::Sub(hn::LoadU(d, x + i), vs));
+    const auto e = ExpSoftmax</*kNonPositive=*/true>(d, hn::Sub(hn::LoadU(d, x + i), vs));
     hn::StoreU(e, d, x + i);
     sum = hn::Add(sum, e);
   }

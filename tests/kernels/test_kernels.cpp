@@ -198,13 +198,15 @@ float ulp_distance(float a, double exact) {
 
 // The kernel's exp (gemm-inl.h's ExpSoftmax): within 1 ULP of exp on [-87.33, 88] (random
 // arguments and every 4096th float32 of the range), exactly 1 at 0 and -0, exactly 0 at -inf, at
-// NaN and below -87.34 (where exp leaves float32's normal range).
-void check_exp() {
+// NaN and below -87.34 (where exp leaves float32's normal range). non_positive: the variant
+// without the clamp at 88, on the same arguments up to 0.
+void check_exp(bool non_positive) {
   std::vector<float> x;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> dist(-87.0f, 0.0f);
   for (int i = 0; i < 4096; ++i) x.push_back(dist(rng));
   for (const float end : {-87.33f, 88.0f}) {
+    if (non_positive && end > 0) continue;
     std::uint32_t last;
     std::memcpy(&last, &end, sizeof last);
     for (std::uint32_t b = last & 0x80000000u; b <= last; b += 4096) {
@@ -219,12 +221,13 @@ void check_exp() {
   x.insert(x.end(), special.begin(), special.end());
   while (x.size() % 64 != 0) x.push_back(0.0f);
   std::vector<float> y(x.size());
-  sdpa::detail::fast_exp_for_test(x.data(), y.data(), x.size());
-  const std::string target = sdpa::detail::fast_kernel_target();
-  EXPECT_EQ(y[first_special], 1.0f) << target;
-  EXPECT_EQ(y[first_special + 1], 1.0f) << target;
+  sdpa::detail::fast_exp_for_test(x.data(), y.data(), x.size(), non_positive);
+  const std::string where =
+      std::string(sdpa::detail::fast_kernel_target()) + (non_positive ? " (non-positive)" : "");
+  EXPECT_EQ(y[first_special], 1.0f) << where;
+  EXPECT_EQ(y[first_special + 1], 1.0f) << where;
   for (std::size_t i = first_special + 2; i < first_special + special.size(); ++i)
-    EXPECT_EQ(y[i], 0.0f) << "exp(" << x[i] << ") on " << target;
+    EXPECT_EQ(y[i], 0.0f) << "exp(" << x[i] << ") on " << where;
   float worst = 0;
   std::size_t worst_i = 0;
   for (std::size_t i = 0; i < first_special; ++i) {
@@ -234,7 +237,7 @@ void check_exp() {
       worst_i = i;
     }
   }
-  EXPECT_LE(worst, 1.0f) << "exp(" << x[worst_i] << ") = " << y[worst_i] << " on " << target;
+  EXPECT_LE(worst, 1.0f) << "exp(" << x[worst_i] << ") = " << y[worst_i] << " on " << where;
 }
 
 TEST(FastKernel, EveryCompiledTarget) {
@@ -246,7 +249,8 @@ TEST(FastKernel, EveryCompiledTarget) {
     std::printf("target %s\n", hwy::TargetName(target));
     ASSERT_STREQ(sdpa::detail::fast_kernel_target(), hwy::TargetName(target));
     saw_scalar = saw_scalar || target == HWY_SCALAR;
-    check_exp();
+    check_exp(false);
+    check_exp(true);
     std::uint64_t seed = 400;
     for (std::int64_t E : {1, 17, 64, 80}) {  // 80: one full 4-vector block + a single vector
       check_case(
