@@ -21,4 +21,10 @@ void fast_exp_for_test(const float* x, float* y, std::size_t n, bool non_positiv
 /// calls; tests only.
 void set_backward_chunks_for_test(int chunks);
 
+/// Pins the number of query tiles per work item of the fused float32/float64 forward (see
+/// ForwardBlock in flash.cpp), which small shapes would otherwise always run at 1: -1 (the
+/// default) chooses by the shape, k >= 1 forces min(k, 4) tiles. Every row's arithmetic is the
+/// same for any block. Not thread-safe against running calls; tests only.
+void set_forward_block_for_test(int block);
+
 }  // namespace sdpa::detail

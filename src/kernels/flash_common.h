@@ -27,6 +27,9 @@ inline constexpr std::int64_t kKeyTile = SDPA_KEY_TILE;      // Bc: keys per til
 /// the shape (the only setting outside tests), 0 forces the two-pass plan, k >= 1 forces k key
 /// chunks per (batch, kv head) (at most one per key tile).
 inline std::atomic<int> backward_chunks_for_test{-1};
+/// Tests pin the forward's query tiles per work item with set_forward_block_for_test: -1 by the
+/// shape, k >= 1 forces min(k, 4).
+inline std::atomic<int> forward_block_for_test{-1};
 
 /// Rows are padded to 64 bytes so that every SIMD target's vectors (at most 64 bytes) tile them.
 template <class T>

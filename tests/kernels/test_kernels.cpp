@@ -276,6 +276,18 @@ TEST(FastKernel, EveryCompiledTarget) {
       check_case(g, seed++);
     }
     sdpa::detail::set_backward_chunks_for_test(-1);
+    // Several query tiles per work item of the forward (five tiles: the last block partial),
+    // with GQA, both causal alignments and masks.
+    for (int block : {2, 4}) {
+      sdpa::detail::set_forward_block_for_test(block);
+      Case f = make_case(300, 200, 24, 40, kCausals[block / 2], block == 4 ? 2 : 1);
+      f.Hq = 4;
+      f.Hkv = 2;
+      f.options.enable_gqa = true;
+      check_case(f, seed++);
+      check_case(make_case(300, 270, 16, 16, kCausals[3 - block / 2], 0), seed++, DType::float64);
+    }
+    sdpa::detail::set_forward_block_for_test(-1);
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_TRUE(saw_scalar) << "the SCALAR target should be compiled and tested";
@@ -310,6 +322,22 @@ TEST(FastKernel, BitIdenticalForAnyThreadCount) {
     }
   }
   sdpa::detail::set_backward_chunks_for_test(-1);
+  // The forward's query tiles per work item (the shape's own choice, then 1, 2 and 4 forced)
+  // change no bit either, for any thread count.
+  sdpa::detail::set_forward_block_for_test(1);
+  c.options.threads = 1;
+  const Outputs base = run(in, c.options, Impl::fast);
+  for (int block : {-1, 2, 4}) {
+    sdpa::detail::set_forward_block_for_test(block);
+    for (int threads : {1, 2, 3}) {
+      c.options.threads = threads;
+      const Outputs other = run(in, c.options, Impl::fast);
+      const std::string at = std::to_string(threads) + " threads, block " + std::to_string(block);
+      EXPECT_TRUE(bit_identical(base.out, other.out)) << at;
+      EXPECT_TRUE(bit_identical(base.lse, other.lse)) << at;
+    }
+  }
+  sdpa::detail::set_forward_block_for_test(-1);
 }
 
 // ---- non-finite numbers at masked-out positions -------------------------------------------------
