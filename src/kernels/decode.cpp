@@ -720,10 +720,11 @@ constexpr int64_t kDecodeAheadTiles = SDPA_DECODE_AHEAD;
 // on AVX-512, where this was not measured.
 constexpr bool kCopyTiles = HWY_TARGET == HWY_AVX2;
 
-// One work item read in place: for each tile, for each kv head, the head's G * L query rows in
-// blocks of up to kDecodeRows. Same contract and partials as DecodeItem (and the same order of
-// every sum per row, whatever the blocking), without the packed copy. Needs no mask problem,
-// E a multiple of the lanes and Ev of kPVWidth vectors (direct_applies).
+// One work item read in place (or from a copy of each tile, kCopyTiles): for each tile, for each
+// kv head, the head's G * L query rows in blocks of up to kDecodeRows. Same contract and partials
+// as DecodeItem (and the same order of every sum per row, whatever the blocking), without the
+// packed path's widened, zero-padded copy. Needs no mask problem, E a multiple of the lanes and
+// Ev of kPVWidth vectors (direct_applies).
 template <typename T, typename Tc, int kC>
 void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w,
                       T* acc, T* mx, T* l) {
