@@ -504,7 +504,7 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
   const int64_t nb = std::min(block, nqt - i0);
   // Causal and window: key tiles outside the reach of every row of a tile are never visited.
   flash::TileSpan tiles[kMaxForwardBlock];
-  flash::TileSpan all{S, 0};
+  flash::TileSpan all{sh.nkt, 0};  // the union of the tiles' spans
   for (int64_t t = 0; t < nb; ++t) {
     const int64_t l0 = (i0 + t) * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
     tiles[t] = flash::key_tiles(p, l0, rows, kKeyTile);
