@@ -90,9 +90,12 @@ void print_decode(const nlohmann::json& j) {
           c["seconds_ratio_paired_median"].get<double>());
     }
   }
-  std::cout << fmt::format("  target {}, {} threads, CPU {}, peak RSS {:.0f} MiB\n",
-                           j["target"].get<std::string>(), j["threads"].get<int>(),
-                           j["cpu"].get<std::string>(), j["max_rss_mib"].get<double>());
+  std::cout << fmt::format(
+      "  target {}, tiles {} (--kv-tiles {}), {} threads, CPU {}, peak RSS "
+      "{:.0f} MiB\n",
+      j["target"].get<std::string>(), j["kv_tiles_copied"].get<bool>() ? "copied" : "read in place",
+      j["kv_tiles"].get<std::string>(), j["threads"].get<int>(), j["cpu"].get<std::string>(),
+      j["max_rss_mib"].get<double>());
 }
 
 }  // namespace
@@ -159,6 +162,12 @@ void add_bench_command(CLI::App& app) {
                   "--kv-dtype's, the median over the rounds (a ratio measured under one load)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
       ->delimiter(',');
+  cmd->add_option("--kv-tiles", c.kv_tiles,
+                  "with --kv-cache: how the decode kernel reads a position-major cache: auto (copy "
+                  "each tile in memory order on AVX2 and where L1d is at most 32 KiB, else in "
+                  "place), copy or in-place; the results are bit-identical")
+      ->check(CLI::IsMember({"auto", "copy", "in-place"}))
+      ->capture_default_str();
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
                 "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");

@@ -315,6 +315,17 @@ void fill_uniform(CacheBuffer& c, std::uint64_t seed) {
 
 nlohmann::json run_decode_bench(const BenchConfig& config) {
   const TargetScope target_scope(config.target);
+  if (config.kv_tiles != "auto" && config.kv_tiles != "copy" && config.kv_tiles != "in-place") {
+    throw Error(
+        fmt::format("--kv-tiles: expected auto, copy or in-place, got {}", config.kv_tiles));
+  }
+  struct TileReadScope {
+    detail::DecodeTileRead previous;
+    ~TileReadScope() { detail::set_decode_tile_read(previous); }
+  } const tile_read{detail::set_decode_tile_read(
+      config.kv_tiles == "copy"       ? detail::DecodeTileRead::copy
+      : config.kv_tiles == "in-place" ? detail::DecodeTileRead::in_place
+                                      : detail::DecodeTileRead::automatic)};
   const std::int64_t H = config.heads, L = config.seq;
   const std::int64_t Hkv = config.kv_heads == 0 ? H : config.kv_heads;
   const std::int64_t E = config.dim, Ev = config.value_dim == 0 ? E : config.value_dim;
@@ -486,6 +497,10 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   }
   if (!compare.empty()) j["compare"] = compare;
   j["target"] = detail::decode_kernel_target();
+  // What the rule chose for these caches (position-major; with one kv head nothing is copied).
+  j["kv_tiles"] = config.kv_tiles;
+  j["kv_tiles_copied"] =
+      Hkv > 1 && detail::decode_copies_tiles(std::string(detail::decode_kernel_target()) == "AVX2");
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -25,9 +25,9 @@
 //           kDecodeRows; each K (then V) vector loaded feeds every row of the block, so at
 //           G * L = 4 each K/V byte enters a register once. An item holds whole cache rows
 //           (every head of a position, then the next), read front to back; on AVX2 (16
-//           registers, 32 KiB L1 on the cores measured) each tile of a position-major cache is
-//           first copied, in memory order and in its own dtype, into a contiguous buffer that
-//           the blocks then read (kCopyTiles). Packed path (masks,
+//           registers) and where the L1 data cache is 32 KiB, each tile of a position-major
+//           cache is first copied, in memory order and in its own dtype, into a contiguous
+//           buffer that the blocks then read (decode_copies_tiles). Packed path (masks,
 //           ragged sizes): the tile's K and V rows copied in memory order into a zero-padded
 //           buffer (one head's rows sit Hkv * E elements apart, 4 KiB at Hkv = 8, E = 128: one
 //           L1 set for a tile's 16 rows; copied, they stay in L1 while the G rows reuse them).
@@ -59,7 +59,10 @@
 // thread, the scaled queries, one packed tile (<= kDecodePackBytes) and one row of scores.
 #include "kernels/decode.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -255,7 +258,7 @@ HWY_INLINE void CopyRow(const Tc* HWY_RESTRICT src, int64_t n, T* HWY_RESTRICT d
 struct Dims {
   int64_t G, L, E, Ev, Epad, Evpad, ldv, heads_per_item, rows_per_item;
   bool direct;      // DecodeItemDirect serves the call
-  bool copy_tiles;  // ... reading each tile from a copy in the cache's own dtype (kCopyTiles)
+  bool copy_tiles;  // ... reading each tile from a copy in the cache's own dtype
 };
 
 // Query rows per block of the direct path: every K and V vector loaded feeds this many rows
@@ -708,19 +711,29 @@ HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_
 // same prefetches made the call slower (11.9 -> 13.0 ms), so they are left out there.
 constexpr int64_t kDecodeAheadTiles = SDPA_DECODE_AHEAD;
 
-// On the 16-register AVX2 target the direct path first copies each tile, every head of each
-// position in memory order, into a contiguous buffer in the cache's own dtype, and runs the
-// blocks of rows on the copy. In a position-major cache one head's rows lie Hkv * E elements
-// apart (4 KiB at Hkv 8, E 128, float32): read in place, a tile's 16 rows of a head fall in one
-// or two sets of a 32 KiB 8-way L1, and the memory is walked in 2 Hkv interleaved streams. One
-// AVX2 family 23 core pair, Hq 32, Hkv 8, E 128, paired calls in one process, copied against in
-// place: S = 32768 float32 1.51x, bfloat16 1.45x; S = 8192 1.57x and 1.46x; S = 2048 (K/V in
-// L3) 1.14x and 1.05x. Software prefetch on top of the copy measured 0.95-0.98x. Head-major
-// caches (each head's rows one block) are read in place on every target, and so is every cache
-// on AVX-512, where this was not measured.
-constexpr bool kCopyTiles = HWY_TARGET == HWY_AVX2;
+// Copied tiles. The direct path can first copy each tile, every head of each position in memory
+// order, into a contiguous buffer in the cache's own dtype, and run the blocks of rows on the
+// copy (decode_copies_tiles decides; DecodeTileRead in decode.h). In a position-major cache one
+// head's rows lie Hkv * E elements apart (4 KiB at Hkv 8, E 128, float32): read in place, a
+// tile's 16 rows of a head fall in one or two sets of a 32 KiB 8-way L1, and the memory is
+// walked in 2 Hkv interleaved streams. Hq 32, Hkv 8, E 128, paired calls in one process, copied
+// against in place:
+//   AVX2, one AMD EPYC family 23 core pair: S = 32768 float32 1.51x, bfloat16 1.45x; S = 8192
+//   1.57x and 1.46x; S = 2048 (K/V in L3) 1.14x and 1.05x; software prefetch on top of the
+//   copy 0.95-0.98x.
+//   AVX3_DL, one AMD EPYC family 25 (Zen 4, 32 KiB 8-way L1d) core pair, three paired rounds:
+//   S = 32768 float32 1.10-1.42x, bfloat16 1.49-1.91x, float16 1.46-1.86x; S = 8192 float32
+//   1.10-1.23x, bfloat16 1.43-1.56x; with L = 4 (16 rows per kv head) at S = 32768 float32
+//   0.92x, bfloat16 1.08x. When repeated calls find K/V in L3 (S <= 2048) the copy is slower
+//   (S = 2048 0.78-0.93x, S = 512 0.6-0.7x); in a model each layer's cache is read once per
+//   token after the other layers' caches have passed through L3, so the rule follows the
+//   from-memory figures.
+// On AVX-512 cores with a 48 KiB 12-way L1d (Zen 5, the Xeon measured) the in-place path with
+// its 16-bit prefetches is the one measured (1.62-1.71x float32 for 16-bit caches on Zen 5);
+// the copy was not measured there, so the automatic rule keeps them in place. Head-major
+// caches (each head's rows one block) are read in place on every target.
 
-// One work item read in place (or from a copy of each tile, kCopyTiles): for each tile, for each
+// One work item read in place (or from a copy of each tile, m.copy_tiles): for each tile, for each
 // kv head, the head's G * L query rows in blocks of up to kDecodeRows. Same contract and partials
 // as DecodeItem (and the same order of every sum per row, whatever the blocking), without the
 // packed path's widened, zero-padded copy. Needs no mask problem, E a multiple of the lanes and
@@ -905,7 +918,8 @@ void DecodeT(const DecodeProblem& p) {
     // head per item instead: the item then reads one stream of K and one of V, front to back,
     // where all heads together would read 2 Hkv streams.
     if (p.Hkv > 1 && p.k_head > p.k_row && p.v_head > p.v_row) m.heads_per_item = 1;
-    m.copy_tiles = kCopyTiles && p.Hkv > 1 && p.k_head <= p.k_row && p.v_head <= p.v_row;
+    m.copy_tiles = decode_copies_tiles(HWY_TARGET == HWY_AVX2) && p.Hkv > 1 &&
+                   p.k_head <= p.k_row && p.v_head <= p.v_row;
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
   const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
@@ -1019,6 +1033,36 @@ HWY_EXPORT(DecodeFloat16Cache);
 HWY_EXPORT(DecodeBfloat16Cache);
 HWY_EXPORT(DecodeDouble);
 HWY_EXPORT(DecodeTargetName);
+
+namespace {
+std::atomic<DecodeTileRead> g_tile_read{DecodeTileRead::automatic};
+
+// The L1 data cache is at most 32 KiB (glibc reads it from CPUID); false when unknown.
+bool small_l1_data_cache() {
+  static const bool small = [] {
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    const long bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return bytes > 0 && bytes <= 32 * 1024;
+#else
+    return false;
+#endif
+  }();
+  return small;
+}
+}  // namespace
+
+DecodeTileRead set_decode_tile_read(DecodeTileRead rule) { return g_tile_read.exchange(rule); }
+
+bool decode_copies_tiles(bool avx2) {
+  switch (g_tile_read.load()) {
+    case DecodeTileRead::copy:
+      return true;
+    case DecodeTileRead::in_place:
+      return false;
+    default:
+      return avx2 || small_l1_data_cache();
+  }
+}
 
 std::int64_t decode_chunk_keys(std::int64_t S) {
   const std::int64_t even = flash::ceil_div(std::max<std::int64_t>(S, 1), kDecodeMaxChunks);

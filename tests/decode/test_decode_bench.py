@@ -54,6 +54,23 @@ if r.returncode == 0:
 r = run(*tiny, "--kv-seq", "300", "--json")
 check(r.returncode == 0 and "compare" not in json.loads(r.stdout), "bench: compare only when asked")
 
+# --kv-tiles: each rule is reported, and forcing one decides what is copied (tiles are read in
+# place whatever the rule when there is one kv head); auto's choice is the machine's.
+for rule, copied in (("copy", True), ("in-place", False)):
+    r = run(*tiny, "--kv-seq", "300", "--kv-tiles", rule)
+    check(r.returncode == 0, f"bench --kv-tiles {rule} exit {r.returncode}: {r.stderr}")
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        check(j["kv_tiles"] == rule and j["kv_tiles_copied"] is copied,
+              f"bench --kv-tiles {rule}: {j['kv_tiles']} {j['kv_tiles_copied']}")
+one_head = list(tiny)
+one_head[one_head.index("--kv-heads") + 1] = "1"
+r = run(*one_head, "--kv-seq", "300", "--kv-tiles", "copy")
+check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles_copied"] is False,
+      "bench --kv-tiles copy with one kv head copies nothing")
+r = run(*tiny, "--kv-seq", "300")
+check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles"] == "auto", "bench: --kv-tiles auto")
+
 r = run("--peak", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["read_gbps"] > 0, "bench --peak --json read_gbps")
 
@@ -62,7 +79,8 @@ for bad, option in ((["--kv-cache", "--page-size", "-1"], "--page-size"),
                     (["--kv-cache", "--kv-heads", "3"], "--kv-heads"),
                     (["--kv-cache", "--kv-compare", "float32"], "--kv-compare"),
                     (["--kv-cache", "--kv-compare", "float16,float16"], "--kv-compare"),
-                    (["--kv-cache", "--kv-compare", "float64"], "--kv-compare")):
+                    (["--kv-cache", "--kv-compare", "float64"], "--kv-compare"),
+                    (["--kv-cache", "--kv-tiles", "sometimes"], "--kv-tiles")):
     r = run(*bad)
     check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
 
