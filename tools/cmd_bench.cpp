@@ -61,12 +61,14 @@ void print_human(const nlohmann::json& j) {
 
 void print_decode(const nlohmann::json& j) {
   std::cout << fmt::format(
-      "kv-cache: B={} Hq={} Hkv={} L={} S_max={} E={} Ev={} page={} causal={} cache {}\n",
+      "kv-cache: B={} Hq={} Hkv={} L={} S_max={} E={} Ev={} page={} causal={} cache {} "
+      "query {}\n",
       j["batch"].get<std::int64_t>(), j["heads"].get<std::int64_t>(),
       j["kv_heads"].get<std::int64_t>(), j["seq"].get<std::int64_t>(),
       j["kv_seq"].get<std::int64_t>(), j["dim"].get<std::int64_t>(),
       j["value_dim"].get<std::int64_t>(), j["page_size"].get<std::int64_t>(),
-      j["causal"].get<std::string>(), j["kv_dtype"].get<std::string>());
+      j["causal"].get<std::string>(), j["kv_dtype"].get<std::string>(),
+      j["dtype"].get<std::string>());
   std::cout << fmt::format("  seconds: median {:.6f}  min {:.6f}  max {:.6f}  ({} runs)\n",
                            j["seconds_median"].get<double>(), j["seconds_min"].get<double>(),
                            j["seconds_max"].get<double>(), j["repeat"].get<int>());
@@ -124,7 +126,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", a->dtype,
                   "query/key/value dtype: float32, or float16 / bfloat16 (float32 arithmetic; "
-                  "docs/precision.md)")
+                  "docs/precision.md); with --kv-cache the query's (and out's)")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (0: one per core)")

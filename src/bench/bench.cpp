@@ -387,7 +387,22 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
                : std::vector<std::int64_t>{B, S_max, Hkv, E};
   std::vector<std::int64_t> v_shape = k_shape;
   v_shape.back() = Ev;
-  const Array q = random_normal({B, L, H, E}, 1);
+  // The query (and out) in --dtype; a cache that the library reads only with a float32 query
+  // (a float32 cache after a 16-bit query: a float32 model's decode) gets the float32 query.
+  const DType q_dtype = config.dtype;
+  const Array q32 = random_normal({B, L, H, E}, 1);
+  const Array q = q32.astype(q_dtype);
+  const auto query_for = [&](DType cache) {
+    const bool same = q_dtype == DType::float32 || cache == DType::float16 ||
+                      (cache == DType::bfloat16 && q_dtype == DType::bfloat16);
+    return same ? q_dtype : DType::float32;
+  };
+  if (query_for(config.kv_dtype) != q_dtype) {
+    throw Error(fmt::format(
+        "--dtype: expected float32, or a 16-bit query over a 16-bit --kv-dtype (bfloat16 over "
+        "bfloat16 or float16, float16 over float16), got --dtype {} over --kv-dtype {}",
+        dtype_name(q_dtype), dtype_name(config.kv_dtype)));
+  }
   const auto check_cache_dtype = [](DType t, const char* option) {
     if (t != DType::float32 && t != DType::float16 && t != DType::bfloat16) {
       throw Error(
@@ -415,7 +430,8 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
     fill_uniform(*k_other.back(), 2);
     fill_uniform(*v_other.back(), 3);
   }
-  Array out(DType::float32, {B, L, H, Ev}), lse(DType::float32, {B, H, L});
+  Array out(q_dtype, {B, L, H, Ev}), out32(DType::float32, {B, L, H, Ev});
+  Array lse(DType::float32, {B, H, L});
   const Int32TensorRef seqlens_ref{seqlens.data(), {B}};
   const Int32TensorRef table_ref{table.data(), {B, max_blocks}};
   KVCacheInputs inputs;
@@ -430,8 +446,9 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   };
   const auto call_other = [&](std::size_t i) {
     const auto t0 = std::chrono::steady_clock::now();
-    attention_with_kvcache(q, k_other[i]->mut(), v_other[i]->mut(), inputs, options, out.mut(),
-                           &lse_ref);
+    const bool wide = query_for(config.kv_compare[i]) != q_dtype;
+    attention_with_kvcache(wide ? q32 : q, k_other[i]->mut(), v_other[i]->mut(), inputs, options,
+                           wide ? out32.mut() : out.mut(), &lse_ref);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   call();  // warm-up: workspaces, threads
@@ -461,9 +478,10 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   const ReadBandwidth bw = measure_read_bandwidth(threads);
   const double gbps = kv_bytes / median * 1e-9;
 
-  nlohmann::json j = header_json({"fast", "kv-cache", "float32", B, H, Hkv, L, S_max, E, Ev,
-                                  options.causal ? "lower-right" : "none", threads, config.repeat},
-                                 seconds);
+  nlohmann::json j =
+      header_json({"fast", "kv-cache", dtype_name(q_dtype), B, H, Hkv, L, S_max, E, Ev,
+                   options.causal ? "lower-right" : "none", threads, config.repeat},
+                  seconds);
   j["kv_lens"] = lens;
   j["page_size"] = page;
   j["kv_dtype"] = dtype_name(config.kv_dtype);
@@ -491,6 +509,7 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
     const double other_median = median_of(s),
                  bytes = kv_bytes / double(dtype_size(config.kv_dtype)) * double(dtype_size(t));
     compare.push_back({{"kv_dtype", dtype_name(t)},
+                       {"dtype", dtype_name(query_for(t))},
                        {"seconds_median", other_median},
                        {"kv_gbps_median", bytes / other_median * 1e-9},
                        {"seconds_ratio_paired_median", median_of(ratio)}});

@@ -323,6 +323,7 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   }
   // q (batch, L, Hq, E), out (batch, L, Hq, Ev), lse (batch, Hq, L)
   d.q = half_q ? static_cast<const void*>(q32.data()) : q.data;
+  if (r.q_dtype == DType::bfloat16) d.q_bf16 = q.data;  // for the bfloat16 pairs (decode.h)
   d.q_sh = d.E;
   d.q_sl = d.Hq * d.E;
   d.q_sb = d.L * d.Hq * d.E;

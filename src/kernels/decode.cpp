@@ -72,6 +72,7 @@
 
 #include "core/half.h"
 #include "kernels/flash_common.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/workspace.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -259,6 +260,11 @@ struct Dims {
   int64_t G, L, E, Ev, Epad, Evpad, ldv, heads_per_item, rows_per_item;
   bool direct;      // DecodeItemDirect serves the call
   bool copy_tiles;  // ... reading each tile from a copy in the cache's own dtype
+  bool pairs;       // ... on bfloat16 pairs (a bfloat16 query and cache, AVX3_DL)
+  // The copied tile: each head's kDecodeTile rows of Epad (Evpad) elements of the cache's
+  // dtype, then one cache line of padding (CopyLayout).
+  int64_t kcopy_head, vcopy_head;
+  int64_t copy_bytes;  // of the K copy and of the V copy, each (a multiple of 64)
 };
 
 // Query rows per block of the direct path: every K and V vector loaded feeds this many rows
@@ -272,25 +278,33 @@ struct Segment {
 
 template <typename T>
 struct Scratch {
-  T* qs;          // [rows_per_item][Epad]: the item's query rows times scale, zero-padded
-  T* kt;          // [heads_per_item][kDecodeTile][Epad]: the packed K tile (or copied, in Tc)
-  T* vt;          // [heads_per_item][kDecodeTile][Evpad]
-  T* s;           // [kDecodeRows][kDecodeTile]: scores, then probabilities, of a block of rows
-  T* zero;        // [Epad]: zeros, the K row read for the keys past a partial tile
-  int* nz;        // [kDecodeTile]: keys of the tile with a nonzero probability
-  int* iota;      // [kDecodeTile]: 0, 1, 2, ...
-  int64_t* last;  // [rows_per_item]: last visible key of each row (may be < 0)
-  Segment* pf;    // [2 * heads_per_item * kDecodeTile]: the next tile's K and V rows
+  T* qs;              // [rows_per_item][Epad]: the item's query rows times scale, zero-padded
+  T* kt;              // [heads_per_item][kDecodeTile][Epad]: the packed K tile (or copied, in Tc)
+  T* vt;              // [heads_per_item][kDecodeTile][Evpad]
+  T* s;               // [kDecodeRows][kDecodeTile]: scores, then probabilities, of a block of rows
+  T* zero;            // [max(Epad, Evpad)]: zeros, the K and V row read past a partial tile
+  std::uint32_t* p2;  // [kDecodeRows][kDecodeTile / 2]: bfloat16 pairs of P (pairs path)
+  T* tmp;             // [Evpad]: one row of acc (pairs path)
+  int* nz;            // [kDecodeTile]: keys of the tile with a nonzero probability
+  int* iota;          // [kDecodeTile]: 0, 1, 2, ...
+  int64_t* last;      // [rows_per_item]: last visible key of each row (may be < 0)
+  Segment* pf;        // [2 * heads_per_item * kDecodeTile]: the next tile's K and V rows
 
   static size_t Carve(Carver& c, const Dims& m, Scratch* out) {
     Scratch w;
     w.qs = c.take<T>(static_cast<size_t>(m.rows_per_item * m.Epad));
     // The packed tile (T), or the direct path's copied tile (the cache's dtype, no larger).
-    const int64_t packed = m.direct && !m.copy_tiles ? 0 : m.heads_per_item * kDecodeTile;
-    w.kt = c.take<T>(static_cast<size_t>(packed * m.Epad));
-    w.vt = c.take<T>(static_cast<size_t>(packed * m.Evpad));
+    const int64_t packed = m.direct ? 0 : m.heads_per_item * kDecodeTile;
+    const auto bytes = [&](int64_t packed_elements) {
+      return std::max(packed_elements * static_cast<int64_t>(sizeof(T)),
+                      m.direct && m.copy_tiles ? m.copy_bytes : 0);
+    };
+    w.kt = c.take<T>(static_cast<size_t>(bytes(packed * m.Epad)) / sizeof(T));
+    w.vt = c.take<T>(static_cast<size_t>(bytes(packed * m.Evpad)) / sizeof(T));
     w.s = c.take<T>(static_cast<size_t>(kDecodeRows * kDecodeTile));
-    w.zero = c.take<T>(static_cast<size_t>(m.Epad));
+    w.zero = c.take<T>(static_cast<size_t>(std::max(m.Epad, m.Evpad)));
+    w.p2 = c.take<std::uint32_t>(static_cast<size_t>(kDecodeRows * kDecodeTile / 2));
+    w.tmp = c.take<T>(static_cast<size_t>(m.Evpad));
     w.nz = c.take<int>(kDecodeTile);
     w.iota = c.take<int>(kDecodeTile);
     w.last = c.take<int64_t>(static_cast<size_t>(m.rows_per_item));
@@ -623,36 +637,51 @@ HWY_INLINE void TilePV(D d, const hn::TFromD<D>* HWY_RESTRICT p, const int* idx,
   }
 }
 
-// One block of R query rows (r0..r0 + R of the item, all of one kv head) over one tile: scores
-// from one read of each K row, the online softmax per row, then P V from one read of each V
-// row. Rows that see a different number of the tile's keys (causal, L > 1), or whose
-// probabilities include an exact 0 (skipped, as in the packed path), take the per-row way.
-template <int R, int kC, typename T, typename Tc>
-HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_t s0, int64_t kc,
-                          const Tc* const* kp, const Tc* const* vp, T* acc, T* mx, T* l) {
+// The visibility and the online softmax of one block of R query rows (r0..r0 + R of the item,
+// all of one kv head) over one tile, shared by the float32 products and the bfloat16 pairs.
+template <int R, typename T>
+struct BlockState {
+  int64_t vis[R];  // keys of the tile each row sees
+  T alpha[R];      // the factor on each row's acc
+  bool live[R];    // the row has a visible key so far
+  bool uniform;    // every row sees vis[0] keys
+  bool dense;      // uniform, and no visible key's probability is exactly 0
+  bool rescale;    // some alpha differs from 1
+};
+
+// Fills b.vis and b.uniform; false when no row of the block sees a key of the tile.
+template <int R, typename T>
+HWY_INLINE bool BlockVisible(const Scratch<T>& w, int64_t r0, int64_t s0, int64_t kc,
+                             BlockState<R, T>& b) {
+  bool any = false;
+  b.uniform = true;
+  for (int r = 0; r < R; ++r) {
+    b.vis[r] = std::clamp<int64_t>(w.last[r0 + r] - s0 + 1, 0, kc);
+    any = any || b.vis[r] > 0;
+    b.uniform = b.uniform && b.vis[r] == b.vis[0];
+  }
+  return any;
+}
+
+// With the block's scores in w.s (row r at w.s + r * kDecodeTile): the invisible keys' scores
+// set to -inf, then per row the running max, P = exp(S - m) in place, the running sum and the
+// factor alpha on acc.
+template <int R, typename T>
+HWY_INLINE void BlockSoftmax(const Scratch<T>& w, int64_t r0, T* mx, T* l, BlockState<R, T>& b) {
   const hn::ScalableTag<T> d;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
-  int64_t vis[R];
-  bool any = false, uniform = true;
-  for (int r = 0; r < R; ++r) {
-    vis[r] = std::clamp<int64_t>(w.last[r0 + r] - s0 + 1, 0, kc);
-    any = any || vis[r] > 0;
-    uniform = uniform && vis[r] == vis[0];
-  }
-  if (!any) return;
-  TileScores<R, kC>(d, w.qs + r0 * m.Epad, m.Epad, kp, m.Epad / N, w.s);
-  T alpha[R];
-  bool live[R], dense = uniform, rescale = false;
+  b.dense = b.uniform;
+  b.rescale = false;
   for (int r = 0; r < R; ++r) {
     T* srow = w.s + r * kDecodeTile;
-    live[r] = false;
-    alpha[r] = T(1);  // the factor on acc: 1 while acc is still all zeros
-    if (vis[r] == 0) {
-      dense = false;
+    b.live[r] = false;
+    b.alpha[r] = T(1);  // the factor on acc: 1 while acc is still all zeros
+    if (b.vis[r] == 0) {
+      b.dense = false;
       continue;
     }
     for (int64_t j = 0; j < kDecodeTile; j += N) {
-      const int64_t in = std::clamp<int64_t>(vis[r] - j, 0, N);
+      const int64_t in = std::clamp<int64_t>(b.vis[r] - j, 0, N);
       if (in < N) {
         const auto s = hn::LoadU(d, srow + j);
         hn::StoreU(
@@ -665,42 +694,227 @@ HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_
     // A NaN score makes the row NaN (std::max would drop it), as in the fused kernel.
     const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
     if (m_new == kDecodeNegInf<T>) {  // nothing visible so far: P row = 0
-      dense = false;
+      b.dense = false;
       continue;
     }
-    live[r] = true;
+    b.live[r] = true;
     const T row_sum = ExpShiftSum(srow, kDecodeTile, m_new);
     if (m_new != m_old) {
-      if (m_old != kDecodeNegInf<T>) alpha[r] = std::exp(m_old - m_new);
-      l[r0 + r] = l[r0 + r] * alpha[r] + row_sum;
+      if (m_old != kDecodeNegInf<T>) b.alpha[r] = std::exp(m_old - m_new);
+      l[r0 + r] = l[r0 + r] * b.alpha[r] + row_sum;
       mx[r0 + r] = m_new;
     } else {
       l[r0 + r] += row_sum;
     }
-    rescale = rescale || alpha[r] != T(1);
-    for (int64_t j = 0; j < vis[r] && dense; j += N) {
+    b.rescale = b.rescale || b.alpha[r] != T(1);
+    for (int64_t j = 0; j < b.vis[r] && b.dense; j += N) {
       const auto pz = hn::Eq(hn::LoadU(d, srow + j), hn::Zero(d));
-      const auto in = hn::FirstN(d, static_cast<size_t>(std::min<int64_t>(N, vis[r] - j)));
-      dense = hn::AllFalse(d, hn::And(pz, in));
+      const auto in = hn::FirstN(d, static_cast<size_t>(std::min<int64_t>(N, b.vis[r] - j)));
+      b.dense = hn::AllFalse(d, hn::And(pz, in));
     }
   }
+}
+
+// One block of R query rows over one tile: scores from one read of each K row, the online
+// softmax per row, then P V from one read of each V row. Rows that see a different number of
+// the tile's keys (causal, L > 1), or whose probabilities include an exact 0 (skipped, as in
+// the packed path), take the per-row way.
+template <int R, int kC, typename T, typename Tc>
+HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_t s0, int64_t kc,
+                          const Tc* const* kp, const Tc* const* vp, T* acc, T* mx, T* l) {
+  const hn::ScalableTag<T> d;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
+  BlockState<R, T> b;
+  if (!BlockVisible(w, r0, s0, kc, b)) return;
+  TileScores<R, kC>(d, w.qs + r0 * m.Epad, m.Epad, kp, m.Epad / N, w.s);
+  BlockSoftmax(w, r0, mx, l, b);
   const int64_t Cv = m.Evpad / N;
-  if (dense) {
+  if (b.dense) {
     // acc * 1 is acc exactly: rows whose max did not move are rescaled by 1 with the others.
-    TilePV<R>(d, w.s, nullptr, vis[0], vp, Cv, alpha, rescale, acc + r0 * m.ldv, m.ldv);
+    TilePV<R>(d, w.s, nullptr, b.vis[0], vp, Cv, b.alpha, b.rescale, acc + r0 * m.ldv, m.ldv);
     return;
   }
   for (int r = 0; r < R; ++r) {
-    if (!live[r]) continue;
+    if (!b.live[r]) continue;
     const T* srow = w.s + r * kDecodeTile;
     int64_t n = 0;
-    for (int64_t j = 0; j < vis[r]; ++j) {
+    for (int64_t j = 0; j < b.vis[r]; ++j) {
       w.nz[n] = static_cast<int>(j);
       n += srow[j] != T(0);
     }
-    TilePV<1>(d, srow, w.nz, n, vp, Cv, &alpha[r], alpha[r] != T(1), acc + (r0 + r) * m.ldv, m.ldv);
+    TilePV<1>(d, srow, w.nz, n, vp, Cv, &b.alpha[r], b.alpha[r] != T(1), acc + (r0 + r) * m.ldv,
+              m.ldv);
   }
 }
+
+// ---- bfloat16 pairs: a bfloat16 query over a bfloat16 cache, on vdpbf16ps ------------------
+//
+// Where the call's query is bfloat16 (DecodeProblem::q_bf16), the cache bfloat16, and the CPU
+// takes bfloat16 pairs in its kernels (bf16::pairs_in_kernel(): AMX, or AMD's AVX512_BF16),
+// the AVX3_DL target multiplies the bfloat16 values as they lie instead of widening them:
+//   scores: q . k on vdpbf16ps (each product of two bfloat16 exact in float32, the pairs'
+//           sums in float32), the unscaled bfloat16 query against each K row, then times
+//           scale in float32: S = scale * (q . k), as the naive composite forms it;
+//   P V:    P rounded to bfloat16 (round to nearest even), as FlashAttention-2, PyTorch's CPU
+//           flash kernel and the half-precision naive baseline (docs/precision.md) round it,
+//           and two keys at a time: each vdpbf16ps lane takes the pair (P_j, P_j+1) of a row
+//           and the pair (V_j[e], V_j+1[e]) of two value rows interleaved by vpunpck[lh]wd.
+//           The running sum l uses the unrounded P.
+// vpunpck[lh]wd interleave within each 128-bit lane, so an accumulator's lanes hold the
+// elements of a 32-element block of Ev in the order Interleaved() gives; the item's rows are
+// put back in element order when it ends. Per key and kv head at E = Ev = 128 and four rows:
+// 16 + 16 vdpbf16ps and 8 loads, against 32 + 32 FMAs, 16 loads and 16 widenings on float32
+// products. The softmax, the visibility rules, the skipped keys of probability 0 (their value
+// rows replaced by zeros, so that a NaN in an unused row never reaches out) and the chunk rule
+// are the float32 path's. vdpbf16ps treats bfloat16 denormals as zero (docs/precision.md).
+#if HWY_TARGET == HWY_AVX3_DL
+#define SDPA_DECODE_PAIRS 1
+#define SDPA_PAIRS_ATTR __attribute__((target("avx512bf16")))
+
+SDPA_PAIRS_ATTR HWY_INLINE __m512 Dp(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+}
+
+// Position, within its 32-element block, of the element that accumulator lane i of half hi
+// holds: vpunpcklwd takes elements 0..3 of each 128-bit lane of 8 elements, vpunpckhwd 4..7.
+constexpr int64_t Interleaved(int64_t i, bool hi) { return 8 * (i / 4) + (hi ? 4 : 0) + i % 4; }
+
+// The scores of R rows (bfloat16 q at q + r * ldq) against keys kp[0..K) in one vector per row
+// (lane j: q_r . k_j, unscaled), the tree of Tree evaluated depth first as in RowsKeyTree.
+template <size_t K, int R, int kC>
+struct PairsKeyTree {
+  template <class D>
+  static SDPA_PAIRS_ATTR HWY_INLINE void Run(D d, const std::uint16_t* HWY_RESTRICT q, int64_t ldq,
+                                             const std::uint16_t* const* kp, int64_t C_rt,
+                                             hn::Vec<D>* out) {
+    using V = hn::Vec<D>;
+    if constexpr (K > 1) {
+      V lo[R], hi[R];
+      PairsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp, C_rt, lo);
+      PairsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp + K / 2, C_rt, hi);
+      for (int r = 0; r < R; ++r) {
+        out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
+      }
+    } else {
+      const int64_t C = kC > 0 ? kC : C_rt;  // vectors of 32 bfloat16 per row
+      const std::uint16_t* HWY_RESTRICT k = kp[0];
+      __m512 a[R];
+      for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < C; ++c) {
+        const __m512i kv = _mm512_loadu_si512(k + 32 * c);
+        for (int r = 0; r < R; ++r) {
+          a[r] = Dp(a[r], _mm512_loadu_si512(q + r * ldq + 32 * c), kv);
+        }
+      }
+      for (int r = 0; r < R; ++r) out[r] = V{a[r]};
+    }
+  }
+};
+
+// acc_r = alpha_r * acc_r + sum_j P_r[j] v_j over the key pairs (2 i, 2 i + 1), i < npairs:
+// p2[r * kDecodeTile / 2 + i] holds row r's pair of bfloat16 probabilities, vp[j] the value rows
+// (bfloat16, Ev elements, Ev % 64 == 0); acc rows in the interleaved order.
+template <int R>
+SDPA_PAIRS_ATTR HWY_INLINE void TilePVPairs(const std::uint32_t* HWY_RESTRICT p2, int64_t npairs,
+                                            const std::uint16_t* const* vp, int64_t Ev,
+                                            const float* alpha, bool rescale,
+                                            float* HWY_RESTRICT acc, int64_t ldv) {
+  constexpr int64_t kP = kDecodeTile / 2;
+  for (int64_t c0 = 0; c0 < Ev; c0 += 64) {
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + r * ldv + c0 + 16 * u);
+    }
+    if (rescale) {
+      for (int r = 0; r < R; ++r) {
+        const __m512 va = _mm512_set1_ps(alpha[r]);
+        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_mul_ps(a[r][u], va);
+      }
+    }
+    for (int64_t i = 0; i < npairs; ++i) {
+      const std::uint16_t* v0 = vp[2 * i] + c0;
+      const std::uint16_t* v1 = vp[2 * i + 1] + c0;
+      const __m512i x0 = _mm512_loadu_si512(v0), y0 = _mm512_loadu_si512(v1);
+      const __m512i x1 = _mm512_loadu_si512(v0 + 32), y1 = _mm512_loadu_si512(v1 + 32);
+      const __m512i w0 = _mm512_unpacklo_epi16(x0, y0), w1 = _mm512_unpackhi_epi16(x0, y0);
+      const __m512i w2 = _mm512_unpacklo_epi16(x1, y1), w3 = _mm512_unpackhi_epi16(x1, y1);
+      for (int r = 0; r < R; ++r) {
+        const __m512i pr = _mm512_set1_epi32(static_cast<int>(p2[r * kP + i]));
+        a[r][0] = Dp(a[r][0], w0, pr);
+        a[r][1] = Dp(a[r][1], w1, pr);
+        a[r][2] = Dp(a[r][2], w2, pr);
+        a[r][3] = Dp(a[r][3], w3, pr);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + r * ldv + c0 + 16 * u, a[r][u]);
+    }
+  }
+}
+
+// BlockStep on bfloat16 pairs: the rows' bfloat16 queries at w.qs viewed as uint16_t (row
+// stride m.Epad * 2), kp / vp the tile's bfloat16 rows, zero a row of zeros.
+// Not inlined: its callers lack the avx512bf16 attribute (one call per block and tile).
+template <int R, int kC>
+SDPA_PAIRS_ATTR HWY_NOINLINE void BlockStepPairs(const Dims& m, const Scratch<float>& w, int64_t r0,
+                                                 int64_t s0, int64_t kc,
+                                                 const std::uint16_t* const* kp,
+                                                 const std::uint16_t* const* vp,
+                                                 const std::uint16_t* zero, float scale, float* acc,
+                                                 float* mx, float* l) {
+  static_assert(kDecodeTile == 16, "one vector of scores per row and tile");
+  const hn::ScalableTag<float> d;
+  constexpr int64_t kP = kDecodeTile / 2;
+  BlockState<R, float> b;
+  if (!BlockVisible(w, r0, s0, kc, b)) return;
+  {
+    const int64_t ldq = 2 * m.Epad;
+    hn::Vec<decltype(d)> out[R];
+    PairsKeyTree<kDecodeTile, R, kC>::Run(
+        d, reinterpret_cast<const std::uint16_t*>(w.qs) + r0 * ldq, ldq, kp, m.E / 32, out);
+    const auto vs = hn::Set(d, scale);
+    for (int r = 0; r < R; ++r) hn::StoreU(hn::Mul(out[r], vs), d, w.s + r * kDecodeTile);
+  }
+  BlockSoftmax(w, r0, mx, l, b);
+  for (int r = 0; r < R; ++r) {
+    // Rows that are not live hold -inf scores or zeros; their pairs are never read.
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(w.s + r * kDecodeTile));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.p2 + r * kP), reinterpret_cast<__m256i>(h));
+  }
+  if (b.dense) {
+    // Keys past vis (the tile's end, or the last visible key) have P = 0 and read zeros.
+    const std::uint16_t* vz[kDecodeTile];
+    for (int64_t j = 0; j < kDecodeTile; ++j) vz[j] = j < b.vis[0] ? vp[j] : zero;
+    TilePVPairs<R>(w.p2, (b.vis[0] + 1) / 2, vz, m.Ev, b.alpha, b.rescale, acc + r0 * m.ldv, m.ldv);
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    if (!b.live[r]) continue;
+    const float* srow = w.s + r * kDecodeTile;
+    const std::uint16_t* vz[kDecodeTile];
+    for (int64_t j = 0; j < kDecodeTile; ++j) {
+      vz[j] = j < b.vis[r] && srow[j] != 0.0f ? vp[j] : zero;
+    }
+    TilePVPairs<1>(w.p2 + r * kP, (b.vis[r] + 1) / 2, vz, m.Ev, &b.alpha[r], b.alpha[r] != 1.0f,
+                   acc + (r0 + r) * m.ldv, m.ldv);
+  }
+}
+
+// Puts each of the item's rows of acc back in element order (TilePVPairs leaves them
+// interleaved); tmp holds Ev floats.
+inline void DeinterleaveRows(int64_t nrows, int64_t Ev, int64_t ldv, float* acc, float* tmp) {
+  for (int64_t r = 0; r < nrows; ++r) {
+    float* a = acc + r * ldv;
+    for (int64_t c = 0; c < Ev; c += 32) {
+      for (int64_t i = 0; i < 16; ++i) {
+        tmp[c + Interleaved(i, false)] = a[c + i];
+        tmp[c + Interleaved(i, true)] = a[c + 16 + i];
+      }
+    }
+    std::copy_n(tmp, Ev, a);
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
 
 #ifndef SDPA_DECODE_AHEAD
 #define SDPA_DECODE_AHEAD 2
@@ -738,11 +952,22 @@ constexpr int64_t kDecodeAheadTiles = SDPA_DECODE_AHEAD;
 // as DecodeItem (and the same order of every sum per row, whatever the blocking), without the
 // packed path's widened, zero-padded copy. Needs no mask problem, E a multiple of the lanes and
 // Ev of kPVWidth vectors (direct_applies).
-template <typename T, typename Tc, int kC>
+// kPairs: on bfloat16 pairs (BlockStepPairs), the item's bfloat16 query rows in w.qs.
+template <typename T, typename Tc, int kC, bool kPairs = false>
 void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w,
                       T* acc, T* mx, T* l) {
   const int64_t G = m.G, L = m.L;
   const int64_t last_any = StartRows(p, m, it, w, acc, mx, l);
+  if constexpr (kPairs) {
+    // The rows' bfloat16 queries, unscaled, over the float32 ones StartRows wrote (2 Epad
+    // uint16_t per row, E of them used).
+    auto* q16 = reinterpret_cast<std::uint16_t*>(w.qs);
+    const auto* src = static_cast<const std::uint16_t*>(p.q_bf16);
+    for (int64_t r = 0; r < it.nh * G * L; ++r) {
+      const int64_t h = it.h0 * G + r / L, i = r % L;
+      std::copy_n(src + it.b * p.q_sb + h * p.q_sh + i * p.q_sl, m.E, q16 + r * 2 * m.Epad);
+    }
+  }
   const Tc* k = static_cast<const Tc*>(p.k);
   const Tc* v = static_cast<const Tc*>(p.v);
   const Tc* zero = reinterpret_cast<const Tc*>(w.zero);
@@ -771,11 +996,11 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
     if (m.copy_tiles) {
       for (int64_t j = 0; j < kc; ++j) {
         for (int64_t hh = 0; hh < it.nh; ++hh) {
-          const int64_t h = it.h0 + hh, row = hh * kDecodeTile + j;
+          const int64_t h = it.h0 + hh;
           CopyRow(reinterpret_cast<const Bits*>(k + ko[j] + h * p.k_head), m.E,
-                  reinterpret_cast<Bits*>(kcopy + row * m.Epad));
+                  reinterpret_cast<Bits*>(kcopy + hh * m.kcopy_head + j * m.Epad));
           CopyRow(reinterpret_cast<const Bits*>(v + vo[j] + h * p.v_head), m.Ev,
-                  reinterpret_cast<Bits*>(vcopy + row * m.Evpad));
+                  reinterpret_cast<Bits*>(vcopy + hh * m.vcopy_head + j * m.Evpad));
         }
       }
     }
@@ -785,8 +1010,8 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         if (j >= kc) {
           kp[j] = vp[j] = zero;
         } else if (m.copy_tiles) {
-          kp[j] = kcopy + (hh * kDecodeTile + j) * m.Epad;
-          vp[j] = vcopy + (hh * kDecodeTile + j) * m.Evpad;
+          kp[j] = kcopy + hh * m.kcopy_head + j * m.Epad;
+          vp[j] = vcopy + hh * m.vcopy_head + j * m.Evpad;
         } else {
           kp[j] = k + ko[j] + h * p.k_head;
           vp[j] = v + vo[j] + h * p.v_head;
@@ -799,25 +1024,43 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(vr + b);
       }
       const int64_t rb = hh * gl;
+      const auto step = [&](auto rows, int64_t r1) {
+        constexpr int R = decltype(rows)::value;
+#ifdef SDPA_DECODE_PAIRS
+        if constexpr (kPairs) {
+          BlockStepPairs<R, kC>(m, w, rb + r1, s0, kc,
+                                reinterpret_cast<const std::uint16_t* const*>(kp),
+                                reinterpret_cast<const std::uint16_t* const*>(vp),
+                                reinterpret_cast<const std::uint16_t*>(zero),
+                                static_cast<float>(p.scale), acc, mx, l);
+        } else  // NOLINT(readability/braces)
+#endif
+        {
+          BlockStep<R, kC>(m, w, rb + r1, s0, kc, kp, vp, acc, mx, l);
+        }
+      };
       int64_t r = 0;
       for (; r + kDecodeRows <= gl; r += kDecodeRows) {
-        BlockStep<kDecodeRows, kC>(m, w, rb + r, s0, kc, kp, vp, acc, mx, l);
+        step(std::integral_constant<int, kDecodeRows>(), r);
       }
       switch (gl - r) {
         case 3:
-          BlockStep<3, kC>(m, w, rb + r, s0, kc, kp, vp, acc, mx, l);
+          step(std::integral_constant<int, 3>(), r);
           break;
         case 2:
-          BlockStep<2, kC>(m, w, rb + r, s0, kc, kp, vp, acc, mx, l);
+          step(std::integral_constant<int, 2>(), r);
           break;
         case 1:
-          BlockStep<1, kC>(m, w, rb + r, s0, kc, kp, vp, acc, mx, l);
+          step(std::integral_constant<int, 1>(), r);
           break;
         default:
           break;
       }
     }
   }
+#ifdef SDPA_DECODE_PAIRS
+  if constexpr (kPairs) DeinterleaveRows(it.nh * gl, m.Ev, m.ldv, acc, w.tmp);
+#endif
 }
 
 // The targets that compile the direct path: not the emulated ones (EMU128, SCALAR), where its
@@ -833,6 +1076,17 @@ constexpr bool kDirectTarget = HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCA
 template <typename T, typename Tc>
 void DirectItem(const DecodeProblem& p, const Dims& m, const Item& it, const Scratch<T>& w, T* acc,
                 T* mx, T* l) {
+#ifdef SDPA_DECODE_PAIRS
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Tc, hwy::bfloat16_t>) {
+    if (m.pairs) {
+#ifndef SDPA_DECODE_GENERIC_ONLY
+      if (m.E == 128) return DecodeItemDirect<T, Tc, 4, true>(p, m, it, w, acc, mx, l);
+      if (m.E == 64) return DecodeItemDirect<T, Tc, 2, true>(p, m, it, w, acc, mx, l);
+#endif
+      return DecodeItemDirect<T, Tc, 0, true>(p, m, it, w, acc, mx, l);
+    }
+  }
+#endif
 #ifndef SDPA_DECODE_GENERIC_ONLY
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
   constexpr int kSmall = static_cast<int>(64 / N), kLarge = static_cast<int>(128 / N);
@@ -920,6 +1174,17 @@ void DecodeT(const DecodeProblem& p) {
     if (p.Hkv > 1 && p.k_head > p.k_row && p.v_head > p.v_row) m.heads_per_item = 1;
     m.copy_tiles = decode_copies_tiles(HWY_TARGET == HWY_AVX2) && p.Hkv > 1 &&
                    p.k_head <= p.k_row && p.v_head <= p.v_row;
+    // CopyLayout: one cache line after each head's rows, so that the rows of one position (one
+    // per head, written one after the other) fall in different L1 sets.
+    const auto es = static_cast<int64_t>(sizeof(Tc));
+    m.kcopy_head = kDecodeTile * m.Epad + 64 / es;
+    m.vcopy_head = kDecodeTile * m.Evpad + 64 / es;
+    m.copy_bytes =
+        flash::round_up(std::max(m.kcopy_head, m.vcopy_head) * m.heads_per_item * es, int64_t{64});
+#ifdef SDPA_DECODE_PAIRS
+    m.pairs = std::is_same_v<Tc, hwy::bfloat16_t> && p.q_bf16 != nullptr && p.E % 32 == 0 &&
+              p.Ev % 64 == 0;
+#endif
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
   const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
@@ -978,7 +1243,7 @@ void DecodeT(const DecodeProblem& p) {
         std::fill_n(w.kt, m.heads_per_item * kDecodeTile * m.Epad, T(0));
         std::fill_n(w.vt, m.heads_per_item * kDecodeTile * m.Evpad, T(0));
       }
-      std::fill_n(w.zero, m.Epad, T(0));
+      std::fill_n(w.zero, std::max(m.Epad, m.Evpad), T(0));
       for (int j = 0; j < kDecodeTile; ++j) w.iota[j] = j;
     }
 #pragma omp for schedule(dynamic, 1)
@@ -1168,6 +1433,7 @@ void decode_forward(const DecodeProblem& p) {
     return;
   }
   DecodeProblem d = p;
+  if (d.kv_dtype != DType::bfloat16 || !bf16::pairs_in_kernel()) d.q_bf16 = nullptr;
   std::vector<float> lse;  // lse is needed to verify, asked for or not
   if (d.lse == nullptr) {
     lse.resize(static_cast<std::size_t>(d.batch * d.Hq * d.L));

@@ -24,6 +24,7 @@
 #include "core/half.h"
 #include "hwy/targets.h"
 #include "kernels/decode.h"
+#include "kernels/gemm_bf16.h"
 #include "sdpa/array.h"
 #include "sdpa/kvcache.h"
 #include "sdpa/sdpa.h"
@@ -36,9 +37,10 @@ using sdpa::test::get;
 using sdpa::test::random_array;
 using std::int64_t;
 
+// The floor's epsilon: float32's for float32 and the 16-bit dtypes (their arithmetic is float32).
 double eps_of(DType d) {
-  return d == DType::float32 ? std::numeric_limits<float>::epsilon()
-                             : std::numeric_limits<double>::epsilon();
+  return d == DType::float64 ? std::numeric_limits<double>::epsilon()
+                             : std::numeric_limits<float>::epsilon();
 }
 
 // Element (b, i, h, e) of a (batch, n, H, F) tensor.
@@ -129,8 +131,12 @@ struct Result {
   Array out, lse;
 };
 
+// lse is float32 for 16-bit queries, else the query's dtype.
+DType lse_dtype(DType d) { return d == DType::float64 ? d : DType::float32; }
+
 Result run_kvcache(const CacheCase& c, CacheCall& x) {
-  Result r{Array(c.dtype, {c.batch, c.L, c.Hq, c.Ev}), Array(c.dtype, {c.batch, c.Hq, c.L})};
+  Result r{Array(c.dtype, {c.batch, c.L, c.Hq, c.Ev}),
+           Array(lse_dtype(c.dtype), {c.batch, c.Hq, c.L})};
   sdpa::KVCacheOptions o;
   o.causal = c.causal;
   o.threads = c.threads;
@@ -186,7 +192,7 @@ void check_against_reference(const CacheCase& c, const CacheCall& x, const Resul
     const sdpa::MutableTensorRef ref_lse_m = ref_lse.mut();
     sdpa::attention_forward(q64, k64, v64, nullptr, o, ref.mut(), &ref_lse_m);
     o.impl = sdpa::Impl::naive;
-    Array naive(c.dtype, {1, c.Hq, c.L, c.Ev}), naive_lse(c.dtype, {1, c.Hq, c.L});
+    Array naive(c.dtype, {1, c.Hq, c.L, c.Ev}), naive_lse(lse_dtype(c.dtype), {1, c.Hq, c.L});
     const sdpa::MutableTensorRef naive_lse_m = naive_lse.mut();
     sdpa::attention_forward(q, k, v, nullptr, o, naive.mut(), &naive_lse_m);
     double err = 0, err_naive = 0, big = 0, lerr = 0, lerr_naive = 0, lbig = 0;
@@ -759,6 +765,34 @@ TEST(Decode, EveryCompiledTarget) {
   EXPECT_TRUE(saw_scalar) << "the SCALAR target should be compiled and tested";
 }
 
+// Shapes of the direct path at E = 64 and 128 (its compile-time chunk counts): contiguous caches
+// with one row appended and L = 1, paged ones with L = 3 causal rows and `paged_new` appended;
+// GQA, three sequences (the last empty) of the given lengths.
+std::vector<CacheCase> direct_path_cases(DType dtype, std::uint64_t seed, int64_t capacity,
+                                         std::vector<int32_t> seqlens, int64_t paged_new) {
+  std::vector<CacheCase> cases;
+  for (int64_t E : {64, 128}) {
+    for (int64_t page : {0, 16}) {
+      CacheCase c;
+      c.dtype = dtype;
+      c.E = c.Ev = E;
+      c.page = page;
+      c.Hq = E == 64 ? 8 : 16;
+      c.Hkv = E == 64 ? 2 : 4;
+      c.batch = 3;
+      c.L = page == 0 ? 1 : 3;
+      c.L_new = page == 0 ? 1 : paged_new;
+      c.causal = page != 0;
+      c.capacity = capacity;
+      c.seqlens = seqlens;
+      c.threads = 2;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 // The direct path reads a position-major cache either from a copy of each tile or in place
 // (DecodeTileRead): the two must agree bit for bit (every sum in the same order), on every
 // compiled target, over float32 and 16-bit caches, contiguous and paged, with appends, GQA,
@@ -767,26 +801,8 @@ TEST(Decode, CopiedAndInPlaceTilesAgreeBitForBit) {
   struct Restore {
     ~Restore() { sdpa::detail::set_decode_tile_read(sdpa::detail::DecodeTileRead::automatic); }
   } restore;
-  std::vector<CacheCase> cases;
-  std::uint64_t seed = 900;
-  for (int64_t E : {64, 128}) {
-    for (int64_t page : {0, 16}) {
-      CacheCase c;
-      c.E = c.Ev = E;
-      c.page = page;
-      c.Hq = E == 64 ? 8 : 16;
-      c.Hkv = E == 64 ? 2 : 4;
-      c.batch = 3;
-      c.L = page == 0 ? 1 : 3;
-      c.L_new = page == 0 ? 1 : 0;
-      c.causal = page != 0;
-      c.capacity = 1280;
-      c.seqlens = {1100, 37, 0};
-      c.threads = 2;
-      c.seed = seed++;
-      cases.push_back(c);
-    }
-  }
+  const std::vector<CacheCase> cases =
+      direct_path_cases(DType::float32, 900, 1280, {1100, 37, 0}, 0);
   const DType caches[] = {DType::float32, DType::float16, DType::bfloat16};
   for (const CacheCase& c : cases) {
     for (DType kv : caches) {
@@ -956,12 +972,87 @@ TEST(KVCache, HalfCachesEqualTheirWidenedFloat32OnEveryTarget) {
       check_half_cache(half, 128, 11);
       check_half_cache(half, 33, 12);
     }
-    // 16-bit queries over 16-bit caches (both mixes of the two formats).
-    check_half_cache(DType::bfloat16, 128, 13, DType::bfloat16);
+    // 16-bit queries over 16-bit caches (both mixes of the two formats). All-bfloat16 with the
+    // pairs off: the pairs round P to bfloat16 (BfloatPairsMatchTheReference checks them).
+    {
+      const sdpa::detail::bf16::ScopedPairsInKernel off(0);
+      check_half_cache(DType::bfloat16, 128, 13, DType::bfloat16);
+    }
     check_half_cache(DType::float16, 64, 14, DType::bfloat16);
     check_half_cache(DType::bfloat16, 33, 15, DType::float16);
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// All-bfloat16 decode (query and cache) on CPUs with vdpbf16ps takes bfloat16 pairs: scores
+// from bfloat16 products, P rounded to bfloat16 before P V. Forced on and off, on every compiled
+// target (only AVX3_DL has the pairs; the others must give the float32 path's results): the
+// accuracy rule against the float64 reference with appends, GQA, paged and contiguous caches,
+// several chunks and causal rows; bit-identical for 1, 2 and 3 threads and for copied and
+// in-place tiles.
+TEST(KVCache, BfloatPairsMatchTheReference) {
+  struct Restore {
+    ~Restore() {
+      sdpa::detail::set_decode_tile_read(sdpa::detail::DecodeTileRead::automatic);
+      hwy::SetSupportedTargetsForTest(0);
+    }
+  } restore;
+  // Two chunks of keys in the first sequence.
+  std::vector<CacheCase> cases = direct_path_cases(DType::bfloat16, 700, 640, {600, 37, 0}, 2);
+  {
+    CacheCase c;  // E a multiple of 32 but Ev not of 64: the float32 products
+    c.dtype = DType::bfloat16;
+    c.E = 96;
+    c.Ev = 80;
+    c.Hq = c.Hkv = 2;
+    c.capacity = 200;
+    c.seqlens = {150, 9};
+    c.L_new = 1;
+    c.seed = 799;
+    cases.push_back(c);
+  }
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    // The pairs are compiled for AVX3_DL alone; elsewhere forcing them changes nothing.
+    const bool has_pairs = target == HWY_AVX3_DL && sdpa::detail::bf16::native();
+    for (CacheCase c : cases) {
+      Result unpaired;
+      for (int pairs : {0, 1}) {
+        if (pairs == 0 && !has_pairs) continue;
+        const sdpa::detail::bf16::ScopedPairsInKernel mode(pairs);
+        SCOPED_TRACE(fmt::format("{} target {} pairs {}", c.name(),
+                                 sdpa::detail::decode_kernel_target(), pairs));
+        c.threads = 2;
+        check_case(c);
+        Result first;
+        int n = 0;
+        for (int threads : {1, 2, 3}) {
+          for (auto read :
+               {sdpa::detail::DecodeTileRead::copy, sdpa::detail::DecodeTileRead::in_place}) {
+            sdpa::detail::set_decode_tile_read(read);
+            c.threads = threads;
+            CacheCall x = make_call(c);
+            const Result r = run_kvcache(c, x);
+            if (n++ == 0) {
+              first = Result{r.out.astype(c.dtype), r.lse.astype(lse_dtype(c.dtype))};
+              continue;
+            }
+            ASSERT_EQ(std::memcmp(r.out.data(), first.out.data(), first.out.nbytes()), 0)
+                << threads << " threads, read " << static_cast<int>(read);
+            ASSERT_EQ(std::memcmp(r.lse.data(), first.lse.data(), first.lse.nbytes()), 0)
+                << threads << " threads, read " << static_cast<int>(read);
+          }
+        }
+        sdpa::detail::set_decode_tile_read(sdpa::detail::DecodeTileRead::automatic);
+        if (pairs == 0) {
+          unpaired = std::move(first);
+        } else if (has_pairs && c.E % 32 == 0 && c.Ev % 64 == 0) {
+          // P rounded to bfloat16 shows in the bits: the pairs were taken.
+          EXPECT_NE(std::memcmp(first.out.data(), unpaired.out.data(), first.out.nbytes()), 0);
+        }
+      }
+    }
+  }
 }
 
 TEST(KVCache, MismatchedHalfDtypesAreRefusedWithTheCacheUntouched) {

@@ -54,6 +54,17 @@ if r.returncode == 0:
 r = run(*tiny, "--kv-seq", "300", "--json")
 check(r.returncode == 0 and "compare" not in json.loads(r.stdout), "bench: compare only when asked")
 
+# --dtype sets the query's dtype; a compared cache the query cannot read (float32 under a
+# bfloat16 query) is timed with the float32 query, and its entry says so.
+r = run(*tiny, "--kv-seq", "300", "--dtype", "bfloat16", "--kv-dtype", "bfloat16",
+        "--kv-compare", "float32,float16")
+check(r.returncode == 0, f"bench --dtype bfloat16 exit {r.returncode}: {r.stderr}")
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    check(j["dtype"] == "bfloat16" and j["kv_dtype"] == "bfloat16", f"bench --dtype: {j['dtype']}")
+    check([(x["kv_dtype"], x["dtype"]) for x in j["compare"]]
+          == [("float32", "float32"), ("float16", "bfloat16")], f"bench --dtype: {j['compare']}")
+
 # --kv-tiles: each rule is reported, and forcing one decides what is copied (tiles are read in
 # place whatever the rule when there is one kv head); auto's choice is the machine's.
 for rule, copied in (("copy", True), ("in-place", False)):
@@ -80,7 +91,9 @@ for bad, option in ((["--kv-cache", "--page-size", "-1"], "--page-size"),
                     (["--kv-cache", "--kv-compare", "float32"], "--kv-compare"),
                     (["--kv-cache", "--kv-compare", "float16,float16"], "--kv-compare"),
                     (["--kv-cache", "--kv-compare", "float64"], "--kv-compare"),
-                    (["--kv-cache", "--kv-tiles", "sometimes"], "--kv-tiles")):
+                    (["--kv-cache", "--kv-tiles", "sometimes"], "--kv-tiles"),
+                    (["--kv-cache", "--dtype", "float16", "--kv-dtype", "bfloat16"], "--dtype"),
+                    (["--kv-cache", "--dtype", "bfloat16"], "--dtype")):
     r = run(*bad)
     check(r.returncode == 2 and option in r.stderr, f"bench {bad}: exit {r.returncode}, {r.stderr!r}")
 
