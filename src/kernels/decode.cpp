@@ -916,14 +916,22 @@ inline void DeinterleaveRows(int64_t nrows, int64_t Ev, int64_t ldv, float* acc,
 }
 #endif  // HWY_TARGET == HWY_AVX3_DL
 
-#ifndef SDPA_DECODE_AHEAD
-#define SDPA_DECODE_AHEAD 2
-#endif
-// The direct path over 16-bit caches prefetches the K and V rows of the tile this many tiles
-// ahead (Hq 32, Hkv 8, S 32768, E 128, 2 Zen 5 threads: float16 10.6 -> 7.1 ms, bfloat16
-// 10.4 -> 6.7 ms). Over float32 caches, whose rows the hardware prefetchers already stream, the
-// same prefetches made the call slower (11.9 -> 13.0 ms), so they are left out there.
-constexpr int64_t kDecodeAheadTiles = SDPA_DECODE_AHEAD;
+// Prefetches of the direct path when it reads the cache in place, at two distances:
+// - far: over 16-bit caches, the K and V rows of the tile kDecodeAheadTiles tiles ahead, into L2
+//   (Hq 32, Hkv 8, S 32768, E 128, 2 Zen 5 threads, into L1 at the time: float16 10.6 -> 7.1
+//   ms, bfloat16 10.4 -> 6.7 ms). Over float32 caches, whose rows the hardware prefetchers
+//   already stream, the same prefetches made the call slower (11.9 -> 13.0 ms), so they are left
+//   out there.
+// - near: over every dtype, while one kv head's blocks run, the rows of the next head (of this
+//   tile, or the first head of the next tile), into L1, where an item walks several heads of a
+//   position-major cache. A tile of all heads (64 KiB at Hkv 8, E 128, bfloat16) does not fit a
+//   48 KiB L1, so the far prefetches reach L2 only; without the near ones the first loads of
+//   each value row stalled (a third of the pairs kernel's samples). Paired against the far
+//   prefetches alone (same shape, 2 Zen 5 threads, three to four rounds): bfloat16 query and
+//   cache 5.6-5.8 -> 4.9-5.1 ms, float32 query over a bfloat16 cache 6.3 -> 5.6 ms, float16
+//   6.5 -> 5.6 ms, float32 cache 9.6-12.2 -> 9.6-10.1 ms (minimums 9.4-11.4 -> 8.9-9.5).
+// Far distances of 1 and 4 tiles measured the same or slower than 2.
+constexpr int64_t kDecodeAheadTiles = 2;
 
 // Copied tiles. The direct path can first copy each tile, every head of each position in memory
 // order, into a contiguous buffer in the cache's own dtype, and run the blocks of rows on the
@@ -977,7 +985,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
   const int64_t gl = G * L;
   // Keys past every row's last visible key are never read.
   const int64_t end = std::min(it.s1, last_any + 1);
-  int64_t ko_pf[kDecodeTile], vo_pf[kDecodeTile];
+  int64_t ko_pf[kDecodeTile], vo_pf[kDecodeTile], ko_next[kDecodeTile], vo_next[kDecodeTile];
   const int64_t kbytes = m.E * static_cast<int64_t>(sizeof(Tc));
   const int64_t vbytes = m.Ev * static_cast<int64_t>(sizeof(Tc));
   // The copied tile (m.copy_tiles): [head][kDecodeTile][Epad | Evpad] in the cache's dtype, its
@@ -993,6 +1001,10 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
                              ? std::clamp<int64_t>(end - s_pf, 0, kDecodeTile)
                              : 0;
     RowOffsets(p, it.b, s_pf, n_pf, ko_pf, vo_pf);
+    // The near prefetches' rows of the next tile (for the item's first head).
+    const bool near = !m.copy_tiles && it.nh > 1;
+    const int64_t n_next = near ? std::clamp<int64_t>(end - (s0 + kDecodeTile), 0, kDecodeTile) : 0;
+    RowOffsets(p, it.b, s0 + kDecodeTile, n_next, ko_next, vo_next);
     if (m.copy_tiles) {
       for (int64_t j = 0; j < kc; ++j) {
         for (int64_t hh = 0; hh < it.nh; ++hh) {
@@ -1020,8 +1032,20 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
       for (int64_t j = 0; j < n_pf; ++j) {
         const char* kr = reinterpret_cast<const char*>(k + ko_pf[j] + h * p.k_head);
         const char* vr = reinterpret_cast<const char*>(v + vo_pf[j] + h * p.v_head);
-        for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(kr + b);
-        for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(vr + b);
+        for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kr + b, 0, 2);  // into L2
+        for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+      }
+      if (near) {
+        const bool last = hh + 1 == it.nh;
+        const int64_t* kn = last ? ko_next : ko;
+        const int64_t* vn = last ? vo_next : vo;
+        const int64_t h_next = last ? it.h0 : h + 1;
+        for (int64_t j = 0; j < (last ? n_next : kc); ++j) {
+          const char* kr = reinterpret_cast<const char*>(k + kn[j] + h_next * p.k_head);
+          const char* vr = reinterpret_cast<const char*>(v + vn[j] + h_next * p.v_head);
+          for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(kr + b);
+          for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(vr + b);
+        }
       }
       const int64_t rb = hh * gl;
       const auto step = [&](auto rows, int64_t r1) {
