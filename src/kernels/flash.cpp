@@ -237,18 +237,34 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
   return Rows<T>{data, H * L * ld, L * ld, ld};
 }
 
-/// dst[e][c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key tile
-/// transposed so that the scores of a query row are a sum over e of q[e] * dst[e][0..kKeyTile),
-/// vectorised along the keys.
-/// A 16-bit S is widened a block at a time with vector conversions (F16C's vcvtph2ps, a shift
-/// for bfloat16) into a small buffer that the transposition then reads: converting element by
-/// element in the transposing loop (core/half.h's scalar conversion) made the float16 forward
-/// slower than the float32 one at (1, 8, 4096, 128).
+/// The row stride of an operand that a product reads as B over a whole key tile or E rows (the
+/// transposed K and V tiles, the key rows of dQ = dS K): ld, or ld plus 32 bytes where ld is a
+/// multiple of 512 bytes. Rows 512 bytes apart (kKeyTile = 128 floats, or E = 128) put the
+/// columns of one block of B in a quarter to a half of a 64-set L1's sets, more lines each than
+/// it has ways at K = 128, so that the block falls out of L1 while the row panels of A pass; 32
+/// bytes more spread the rows over every set. One Zen 5 thread, gemm_f32 at M = 64, N = 128,
+/// K = 128 over 64 distinct B tiles: ld 128 187-193 GFLOP/s, 136 206-208, 144 199-204 (peak
+/// 216); the whole kernel at (1, 8, 4096, 128), calls alternating in one process: backward
+/// 1.008-1.018x, forward 1.013x.
+template <typename T>
+constexpr int64_t SpreadLd(int64_t ld) {
+  constexpr auto size = static_cast<int64_t>(sizeof(T));
+  return (ld * size) % 512 == 0 ? ld + 32 / size : ld;
+}
+template <typename T>
+inline constexpr int64_t kTileLd = SpreadLd<T>(kKeyTile);
+
+/// dst[e * kTileLd + c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key
+/// tile transposed so that the scores of a query row are a sum over e of q[e] *
+/// dst[e][0..kKeyTile), vectorised along the keys. A 16-bit S is widened a block at a time with
+/// vector conversions (F16C's vcvtph2ps, a shift for bfloat16) into a small buffer that the
+/// transposition then reads: converting element by element in the transposing loop (core/half.h's
+/// scalar conversion) made the float16 forward slower than the float32 one at (1, 8, 4096, 128).
 template <typename T, typename S>
 void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
   if constexpr (std::is_same_v<S, T>) {
     for (int64_t e = 0; e < width; ++e) {
-      T* d = dst + e * kKeyTile;
+      T* d = dst + e * kTileLd<T>;
       for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
       for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
     }
@@ -263,12 +279,12 @@ void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int6
           ScaledRow(src + (s0 + c0 + c) * src_ld + e0, ew, T(1), block + c * kCols);
         }
         for (int64_t e = 0; e < ew; ++e) {
-          T* d = dst + (e0 + e) * kKeyTile + c0;
+          T* d = dst + (e0 + e) * kTileLd<T> + c0;
           for (int64_t c = 0; c < cw; ++c) d[c] = block[c * kCols + e];
         }
       }
       for (int64_t e = e0; e < e0 + ew; ++e)
-        std::fill(dst + e * kKeyTile + kc, dst + (e + 1) * kKeyTile, T(0));
+        std::fill(dst + e * kTileLd<T> + kc, dst + e * kTileLd<T> + kKeyTile, T(0));
     }
   }
 }
@@ -441,7 +457,7 @@ static_assert(kKeyTile <= kMaxDropoutKeys, "DropoutFactors serves one key tile a
 
 template <typename T>
 struct ForwardShared {
-  const T* kt;  // [B*Hkv][nkt][E][kKeyTile]: key tiles, transposed, zero-padded
+  const T* kt;  // [B*Hkv][nkt][E][kTileLd]: key tiles, transposed, zero-padded
   Rows<T> v;    // (B, Hkv, S) value rows: the input where it lies when ldv == Ev, else padded
   int64_t ldv;  // Ev rounded up to 64 bytes: the columns of the P V product
   const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
@@ -452,6 +468,14 @@ struct ForwardShared {
 // (ForwardQueryBlock) and the G heads of the group: block * G slots, each one query tile of one
 // head.
 inline constexpr int64_t kMaxForwardBlock = 4;
+// Prefetches n elements from data into L2.
+template <typename T>
+void PrefetchBytesL2(const T* data, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(data);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
 template <typename T>
 struct ForwardScratch {
   T* qs;    // [slots][kQueryTile][E]: the query tile of each slot, times scale
@@ -523,7 +547,7 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
 
   for (int64_t j = all.begin; j < all.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0);
-    const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
+    const T* kt = sh.kt + (bh * sh.nkt + j) * E * kTileLd<T>;
     const T* v = sh.v.row(b, hkv, s0);
     const int64_t v_ld = sh.v.sl;
     const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
@@ -541,8 +565,8 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
         T* rsum = w.rsum + slot * kQueryTile;
         // pass 1: S = (scale * Q) K^T, on the columns some row sees (flash::visible_columns)
         Gemm<false>(rows, static_cast<size_t>(cols.end - cols.begin), E,
-                    w.qs + slot * kQueryTile * E, E, 1, kt + cols.begin, kKeyTile, w.s + cols.begin,
-                    kKeyTile);
+                    w.qs + slot * kQueryTile * E, E, 1, kt + cols.begin, kTileLd<T>,
+                    w.s + cols.begin, kKeyTile);
         // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
         for (int64_t r = 0; r < rows; ++r) {
           T* srow = w.s + r * kKeyTile;
@@ -589,7 +613,7 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
 }
 
 // One key tile of key/value head (b, hkv), keys s0 .. s0 + kc, transposed and zero-padded into
-// dst [E][kKeyTile]; the key's own strides are read.
+// dst [E][kTileLd]; the key's own strides are read.
 template <typename T>
 void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst) {
   WithStorage<T>(p.k.dtype, [&](auto st) {
@@ -623,11 +647,11 @@ void ForwardT(const Problem& p) {
   const bool v_in_place = ldv == Ev && IsComputeType<T>(p.v.dtype);
 
   Carver measure;
-  measure.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
+  measure.take<T>(static_cast<size_t>(BH * nkt * E * kTileLd<T>));
   if (!v_in_place) measure.take<T>(static_cast<size_t>(BH * S * ldv));
   measure.take<uint8_t>(static_cast<size_t>(BH * nkt));
   Carver carve(call_shared().reserve(measure.used()));
-  T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
+  T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kTileLd<T>));
   T* vp = v_in_place ? nullptr : carve.take<T>(static_cast<size_t>(BH * S * ldv));
   uint8_t* v_unsafe = carve.take<uint8_t>(static_cast<size_t>(BH * nkt));
   const ForwardShared<T> sh{.kt = kt,
@@ -648,7 +672,7 @@ void ForwardT(const Problem& p) {
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
-      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>);
       if (!v_in_place) PackRows(p.v, b, hkv, s0, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
       const T* vread = sh.v.row(b, hkv, s0);  // what the P V product reads
       v_unsafe[t] = AllFiniteRows(vread, sh.v.sl, kc, Ev) ? 0 : 1;
@@ -943,9 +967,10 @@ bool ProductFromPairs(const Problem& p, const BackwardPairs* pairs, bool dp, int
 
 template <typename T>
 struct BackwardShared {
-  const T* kt;   // [B*Hkv][nkt][E][kKeyTile]: key tiles transposed (for S = Q K^T)
-  const T* vt;   // [B*Hkv][nkt][Ev][kKeyTile]: value tiles transposed (for dP = dO V^T)
-  Rows<T> k;     // (B, Hkv, S) key rows (for dQ = dS K): in place when ldq == E, else padded
+  const T* kt;  // [B*Hkv][nkt][E][kTileLd]: key tiles transposed (for S = Q K^T)
+  const T* vt;  // [B*Hkv][nkt][Ev][kTileLd]: value tiles transposed (for dP = dO V^T)
+  Rows<T> k;  // (B, Hkv, S) key rows (for dQ = dS K): in place when ldq == E and SpreadLd keeps the
+              // stride, else packed with row stride SpreadLd(ldq)
   const T* qs;   // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
   Rows<T> dout;  // (B, Hq, L) grad_out rows: in place when ldo == Ev (and clean), else padded
   const T* D;    // [B*Hq][L]: rowsum(dO * O)
@@ -1068,7 +1093,8 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
   const auto ncols = static_cast<size_t>(cols.end - cols.begin);
   if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
     Gemm<false>(rows, ncols, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + tile * p.E * kKeyTile + cols.begin, kKeyTile, w.p + cols.begin, kKeyTile);
+                sh.kt + tile * p.E * kTileLd<T> + cols.begin, kTileLd<T>, w.p + cols.begin,
+                kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
@@ -1094,7 +1120,8 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
   }
   if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
     Gemm<false>(rows, ncols, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
-                sh.vt + tile * p.Ev * kKeyTile + cols.begin, kKeyTile, w.ds + cols.begin, kKeyTile);
+                sh.vt + tile * p.Ev * kTileLd<T> + cols.begin, kTileLd<T>, w.ds + cols.begin,
+                kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* prow = w.p + r * kKeyTile;
@@ -1139,7 +1166,7 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
     if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
       Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                  sh.kt + (bh * sh.nkt + j) * p.E * kKeyTile, kKeyTile, w.p, kKeyTile);
+                  sh.kt + (bh * sh.nkt + j) * p.E * kTileLd<T>, kTileLd<T>, w.p, kKeyTile);
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* srow = w.p + r * kKeyTile;
@@ -1275,6 +1302,22 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
       for (int64_t i = qtiles.begin; i < qtiles.end; ++i) {
         const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, L - l0);
         const int64_t row0 = (b * p.Hq + h) * L + l0;
+        {
+          // The next pair's query tile (its scale * Q, dO and dQ rows) into L2 while this one
+          // runs: the item's dQ rows of a tile were last touched a whole pass over the group's
+          // query tiles ago (2 MiB at G = 1, L = 4096, E = 128) and come from L3 otherwise. Calls
+          // alternating in one process, (1, 8, 4096, E), 2 Zen 5 threads: E = 64 1.028x, E = 128
+          // 1.026x (one thread 1.023x).
+          int64_t gn = g, in = i + 1;
+          if (in == qtiles.end) gn = g + 1, in = qtiles.begin;
+          if (gn < G && in < qtiles.end) {
+            const int64_t ln = in * kQueryTile, rn = std::min(kQueryTile, L - ln);
+            const int64_t hn = hkv * G + gn;
+            PrefetchBytesL2(sh.qs + ((b * p.Hq + hn) * L + ln) * ldq, rn * ldq);
+            for (int64_t r = 0; r < rn; ++r) PrefetchBytesL2(sh.dout.row(b, hn, ln + r), ldo);
+            PrefetchBytesL2(dq_acc + (gn * L + ln) * ldq, rn * ldq);
+          }
+        }
         const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);
         if (all_pairs) {
           KeyGradientsFromPairs(p, sh, w, (b * p.Hq + h) * sh.nqt + i, rows);
@@ -1357,11 +1400,11 @@ bool BackwardTakesPairs(const Problem& p) {
          bf16::pairs_in_kernel();
 }
 
-// One transposed tile [rows][kKeyTile] of float32 (bfloat16 values) as pairs of rows.
+// One transposed tile [rows][kTileLd] of float32 (bfloat16 values) as pairs of rows.
 template <typename T>
 void PackPairRows(const T* tile, int64_t rows, uint32_t* dst) {
   if constexpr (std::is_same_v<T, float>) {
-    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kKeyTile, dst,
+    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kTileLd<T>, dst,
                                  kKeyTile);
   }
 }
@@ -1399,7 +1442,10 @@ void BackwardT(const Problem& p, T* dsinks) {
         lse_of(row) == kNegInf<T> && !RowFinite<T>(p.dout, bh / p.Hq, bh % p.Hq, row % L, Ev);
   }
   // Inputs of a 16-bit type are always packed (widened).
-  const bool k_in_place = ldq == E && IsComputeType<T>(p.k.dtype);
+  // The key rows, which dQ = dS K reads as B, are packed too where their stride is a multiple
+  // of 512 bytes (SpreadLd).
+  const int64_t ldk = SpreadLd<T>(ldq);
+  const bool k_in_place = ldq == E && IsComputeType<T>(p.k.dtype) && SpreadLd<T>(p.k.sl) == p.k.sl;
   const bool dout_in_place = ldo == Ev && !dout_dirty && IsComputeType<T>(p.dout.dtype);
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
 
@@ -1421,9 +1467,9 @@ void BackwardT(const Problem& p, T* dsinks) {
 
   Carver measure;
   measure.take<T>(partial_size);
-  measure.take<T>(n(BH * nkt * E * kKeyTile));
-  measure.take<T>(n(BH * nkt * Ev * kKeyTile));
-  if (!k_in_place) measure.take<T>(n(BH * S * ldq));
+  measure.take<T>(n(BH * nkt * E * kTileLd<T>));
+  measure.take<T>(n(BH * nkt * Ev * kTileLd<T>));
+  if (!k_in_place) measure.take<T>(n(BH * S * ldk));
   measure.take<T>(n(BHq * L * ldq));
   if (!dout_in_place) measure.take<T>(n(BHq * L * ldo));
   measure.take<T>(n(3 * BHq * L));
@@ -1435,9 +1481,9 @@ void BackwardT(const Problem& p, T* dsinks) {
   }
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
-  T* kt = carve.take<T>(n(BH * nkt * E * kKeyTile));
-  T* vt = carve.take<T>(n(BH * nkt * Ev * kKeyTile));
-  T* kp = k_in_place ? nullptr : carve.take<T>(n(BH * S * ldq));
+  T* kt = carve.take<T>(n(BH * nkt * E * kTileLd<T>));
+  T* vt = carve.take<T>(n(BH * nkt * Ev * kTileLd<T>));
+  T* kp = k_in_place ? nullptr : carve.take<T>(n(BH * S * ldk));
   T* qs = carve.take<T>(n(BHq * L * ldq));
   T* dop = dout_in_place ? nullptr : carve.take<T>(n(BHq * L * ldo));
   T* D = carve.take<T>(n(BHq * L));
@@ -1468,7 +1514,7 @@ void BackwardT(const Problem& p, T* dsinks) {
   const BackwardShared<T> sh{
       .kt = kt,
       .vt = vt,
-      .k = k_in_place ? RowsOf<T>(p.k) : PackedRows<T>(kp, p.Hkv, S, ldq),
+      .k = k_in_place ? RowsOf<T>(p.k) : PackedRows<T>(kp, p.Hkv, S, ldk),
       .qs = qs,
       .dout = dout_in_place ? RowsOf<T>(p.dout) : PackedRows<T>(dop, p.Hq, L, ldo),
       .D = D,
@@ -1492,17 +1538,17 @@ void BackwardT(const Problem& p, T* dsinks) {
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
-      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile);
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>);
       WithStorage<T>(p.v.dtype, [&](auto st) {
         using SV = typename decltype(st)::type;
-        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kKeyTile);
+        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kTileLd<T>);
       });
-      if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldq, kp + (bh * S + s0) * ldq);
+      if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldk, kp + (bh * S + s0) * ldk);
       const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
       k_unsafe[t] = AllFiniteRows(kread, sh.k.sl, kc, E) ? 0 : 1;
       if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
-        PackPairRows(kt + t * E * kKeyTile, E, kt2 + t * E2 * kKeyTile);
-        PackPairRows(vt + t * Ev * kKeyTile, Ev, vt2 + t * Ev2 * kKeyTile);
+        PackPairRows(kt + t * E * kTileLd<T>, E, kt2 + t * E2 * kKeyTile);
+        PackPairRows(vt + t * Ev * kTileLd<T>, Ev, vt2 + t * Ev2 * kKeyTile);
       }
       if (amx_pairs) {  // the key rows as pairs of rows, for dQ = dS K
         bf16::pack_row_pairs(p.k.row<uint16_t>(b, hkv, s0), n(kc), n(E), n(p.k.sl),
