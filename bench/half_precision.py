@@ -8,7 +8,8 @@ the rounds of its per-round median, and its ratio to float32 the median of the p
 The FMA peak (`sdpa bench --peak`) is measured before every round. Decode runs `sdpa bench
 --kv-cache --kv-dtype D --kv-compare float32`: the 16-bit and the float32 caches alternate call by
 call inside one process, and the ratio is the median over those calls of float32's time over the
-16-bit cache's.
+16-bit cache's. The queries are float32 (the float32 cache's rounds too), and once more bfloat16
+over the bfloat16 cache (`--dtype bfloat16`: a bfloat16 model's decode).
 
 The goals (docs/precision.md): bfloat16 forward >= 1.6x float32 where the CPU has AVX512_BF16
 (`vdpbf16ps`), >= 1.0x elsewhere; bfloat16 backward and float16 forward >= 1.0x; decode over a
@@ -85,13 +86,17 @@ def main():
                          "percent_of_peak": 100 * statistics.median(mine) / peak, "goal": goal,
                          "met": None if goal is None else ratio >= goal, "runs": mine,
                          "float32_runs": base})
-    for d in ("bfloat16", "float16"):
-        print(f"decode: {d} cache against float32", file=sys.stderr)
+    # (cache, query): a float32 query over each 16-bit cache, and the all-bfloat16 decode of a
+    # bfloat16 model (which takes bfloat16 pairs where the CPU has them).
+    for d, qd in (("bfloat16", "float32"), ("bfloat16", "bfloat16"), ("float16", "float32")):
+        print(f"decode: {d} cache, {qd} query, against a float32 cache", file=sys.stderr)
         j = run_json([args.sdpa, "bench", "--kv-cache", *common, "--heads", str(hq),
                       "--kv-heads", str(hkv), "--kv-seq", str(s), "--dim", str(ekv), "--repeat",
-                      str(args.kv_repeat), "--kv-dtype", d, "--kv-compare", "float32"])
+                      str(args.kv_repeat), "--kv-dtype", d, "--dtype", qd, "--kv-compare",
+                      "float32"])
         f32 = j["compare"][0]
-        rows.append({"case": f"{d} decode", "kv_gbps": j["kv_gbps_median"],
+        case = f"{d} decode" if qd == "float32" else f"{d} decode, {qd} query"
+        rows.append({"case": case, "kv_gbps": j["kv_gbps_median"],
                      "float32_kv_gbps": f32["kv_gbps_median"],
                      "ratio": f32["seconds_ratio_paired_median"],
                      "percent_of_read_bandwidth": j["percent_of_read_bandwidth"], "goal": 1.8,

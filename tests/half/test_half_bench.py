@@ -27,7 +27,8 @@ if r.returncode == 0:
     j = json.loads(r.stdout)
     cases = [row["case"] for row in j["rows"]]
     check(cases == ["bfloat16 forward", "float16 forward", "bfloat16 backward", "float16 backward",
-                    "bfloat16 decode", "float16 decode"], f"rows {cases}")
+                    "bfloat16 decode", "bfloat16 decode, bfloat16 query", "float16 decode"],
+          f"rows {cases}")
     check(len(j["peaks"]) == 2 and j["peak_gflops_median"] > 0, f"peaks {j['peaks']}")
     for row in j["rows"]:
         check(row["ratio"] > 0, f"{row['case']}: ratio {row['ratio']}")
@@ -40,7 +41,8 @@ if r.returncode == 0:
     goals = {row["case"]: row["goal"] for row in j["rows"]}
     check(goals["bfloat16 forward"] == (1.6 if j["native_bf16_products"] else 1.0) and
           goals["float16 forward"] == 1.0 and goals["bfloat16 backward"] == 1.0 and
-          goals["float16 backward"] is None and goals["bfloat16 decode"] == 1.8,
+          goals["float16 backward"] is None and goals["bfloat16 decode"] == 1.8 and
+          goals["bfloat16 decode, bfloat16 query"] == 1.8 and goals["float16 decode"] == 1.8,
           f"goals {goals}")
 
 r = run(*tiny)
