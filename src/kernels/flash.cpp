@@ -237,15 +237,16 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
   return Rows<T>{data, H * L * ld, L * ld, ld};
 }
 
-/// The row stride of an operand that a product reads as B over a whole key tile or E rows (the
-/// transposed K and V tiles, the key rows of dQ = dS K): ld, or ld plus 32 bytes where ld is a
-/// multiple of 512 bytes. Rows 512 bytes apart (kKeyTile = 128 floats, or E = 128) put the
-/// columns of one block of B in a quarter to a half of a 64-set L1's sets, more lines each than
-/// it has ways at K = 128, so that the block falls out of L1 while the row panels of A pass; 32
-/// bytes more spread the rows over every set. One Zen 5 thread, gemm_f32 at M = 64, N = 128,
-/// K = 128 over 64 distinct B tiles: ld 128 187-193 GFLOP/s, 136 206-208, 144 199-204 (peak
-/// 216); the whole kernel at (1, 8, 4096, 128), calls alternating in one process: backward
-/// 1.008-1.018x, forward 1.013x.
+/// The row stride of an operand that the backward's products read as B over a whole key tile or
+/// E rows (the transposed K and V tiles, the key rows of dQ = dS K): ld, or ld plus 32 bytes
+/// where ld is a multiple of 512 bytes. Rows 512 bytes apart (kKeyTile = 128 floats, or E = 128)
+/// put the columns of one block of B in a quarter to a half of a 64-set L1's sets, more lines
+/// each than it has ways at K = 128, so that the block falls out of L1 while the row panels of A
+/// pass; 32 bytes more spread the rows over every set. One Zen 5 thread, gemm_f32 at M = 64,
+/// N = 128, K = 128 over 64 distinct B tiles: ld 128 187-193 GFLOP/s, 136 206-208, 144 199-204
+/// (peak 216). The whole kernel, calls alternating in one process, 2 Zen 5 threads: backward at
+/// (1, 8, 4096, 128) 1.010-1.018x (the AVX2 code 1.012x), at E = 64 1.002x; the forward between
+/// 0.991x and 1.006x, so its K tiles keep the plain stride.
 template <typename T>
 constexpr int64_t SpreadLd(int64_t ld) {
   constexpr auto size = static_cast<int64_t>(sizeof(T));
@@ -254,17 +255,18 @@ constexpr int64_t SpreadLd(int64_t ld) {
 template <typename T>
 inline constexpr int64_t kTileLd = SpreadLd<T>(kKeyTile);
 
-/// dst[e * kTileLd + c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key
+/// dst[e * dst_ld + c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key
 /// tile transposed so that the scores of a query row are a sum over e of q[e] *
 /// dst[e][0..kKeyTile), vectorised along the keys. A 16-bit S is widened a block at a time with
 /// vector conversions (F16C's vcvtph2ps, a shift for bfloat16) into a small buffer that the
 /// transposition then reads: converting element by element in the transposing loop (core/half.h's
 /// scalar conversion) made the float16 forward slower than the float32 one at (1, 8, 4096, 128).
 template <typename T, typename S>
-void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst) {
+void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int64_t kc, T* dst,
+                   int64_t dst_ld) {
   if constexpr (std::is_same_v<S, T>) {
     for (int64_t e = 0; e < width; ++e) {
-      T* d = dst + e * kTileLd<T>;
+      T* d = dst + e * dst_ld;
       for (int64_t c = 0; c < kc; ++c) d[c] = src[(s0 + c) * src_ld + e];
       for (int64_t c = kc; c < kKeyTile; ++c) d[c] = T(0);
     }
@@ -279,12 +281,12 @@ void TransposeTile(const S* src, int64_t src_ld, int64_t width, int64_t s0, int6
           ScaledRow(src + (s0 + c0 + c) * src_ld + e0, ew, T(1), block + c * kCols);
         }
         for (int64_t e = 0; e < ew; ++e) {
-          T* d = dst + (e0 + e) * kTileLd<T> + c0;
+          T* d = dst + (e0 + e) * dst_ld + c0;
           for (int64_t c = 0; c < cw; ++c) d[c] = block[c * kCols + e];
         }
       }
       for (int64_t e = e0; e < e0 + ew; ++e)
-        std::fill(dst + e * kTileLd<T> + kc, dst + e * kTileLd<T> + kKeyTile, T(0));
+        std::fill(dst + e * dst_ld + kc, dst + e * dst_ld + kKeyTile, T(0));
     }
   }
 }
@@ -457,7 +459,7 @@ static_assert(kKeyTile <= kMaxDropoutKeys, "DropoutFactors serves one key tile a
 
 template <typename T>
 struct ForwardShared {
-  const T* kt;  // [B*Hkv][nkt][E][kTileLd]: key tiles, transposed, zero-padded
+  const T* kt;  // [B*Hkv][nkt][E][kKeyTile]: key tiles, transposed, zero-padded
   Rows<T> v;    // (B, Hkv, S) value rows: the input where it lies when ldv == Ev, else padded
   int64_t ldv;  // Ev rounded up to 64 bytes: the columns of the P V product
   const uint8_t* v_unsafe;  // [B*Hkv][nkt]: 1 when the value tile holds inf or NaN
@@ -547,7 +549,7 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
 
   for (int64_t j = all.begin; j < all.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, S - s0);
-    const T* kt = sh.kt + (bh * sh.nkt + j) * E * kTileLd<T>;
+    const T* kt = sh.kt + (bh * sh.nkt + j) * E * kKeyTile;
     const T* v = sh.v.row(b, hkv, s0);
     const int64_t v_ld = sh.v.sl;
     const bool v_unsafe = sh.v_unsafe[bh * sh.nkt + j] != 0;
@@ -565,8 +567,8 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
         T* rsum = w.rsum + slot * kQueryTile;
         // pass 1: S = (scale * Q) K^T, on the columns some row sees (flash::visible_columns)
         Gemm<false>(rows, static_cast<size_t>(cols.end - cols.begin), E,
-                    w.qs + slot * kQueryTile * E, E, 1, kt + cols.begin, kTileLd<T>,
-                    w.s + cols.begin, kKeyTile);
+                    w.qs + slot * kQueryTile * E, E, 1, kt + cols.begin, kKeyTile, w.s + cols.begin,
+                    kKeyTile);
         // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
         for (int64_t r = 0; r < rows; ++r) {
           T* srow = w.s + r * kKeyTile;
@@ -613,12 +615,13 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
 }
 
 // One key tile of key/value head (b, hkv), keys s0 .. s0 + kc, transposed and zero-padded into
-// dst [E][kTileLd]; the key's own strides are read.
+// dst [E][dst_ld]; the key's own strides are read.
 template <typename T>
-void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst) {
+void PackKeyTile(const Problem& p, int64_t b, int64_t hkv, int64_t s0, int64_t kc, T* dst,
+                 int64_t dst_ld) {
   WithStorage<T>(p.k.dtype, [&](auto st) {
     using S = typename decltype(st)::type;
-    TransposeTile(p.k.row<S>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst);
+    TransposeTile(p.k.row<S>(b, hkv, 0), p.k.sl, p.E, s0, kc, dst, dst_ld);
   });
 }
 
@@ -647,11 +650,11 @@ void ForwardT(const Problem& p) {
   const bool v_in_place = ldv == Ev && IsComputeType<T>(p.v.dtype);
 
   Carver measure;
-  measure.take<T>(static_cast<size_t>(BH * nkt * E * kTileLd<T>));
+  measure.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
   if (!v_in_place) measure.take<T>(static_cast<size_t>(BH * S * ldv));
   measure.take<uint8_t>(static_cast<size_t>(BH * nkt));
   Carver carve(call_shared().reserve(measure.used()));
-  T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kTileLd<T>));
+  T* kt = carve.take<T>(static_cast<size_t>(BH * nkt * E * kKeyTile));
   T* vp = v_in_place ? nullptr : carve.take<T>(static_cast<size_t>(BH * S * ldv));
   uint8_t* v_unsafe = carve.take<uint8_t>(static_cast<size_t>(BH * nkt));
   const ForwardShared<T> sh{.kt = kt,
@@ -672,7 +675,7 @@ void ForwardT(const Problem& p) {
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
-      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>);
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kKeyTile, kKeyTile);
       if (!v_in_place) PackRows(p.v, b, hkv, s0, kc, Ev, T(1), ldv, vp + (bh * S + s0) * ldv);
       const T* vread = sh.v.row(b, hkv, s0);  // what the P V product reads
       v_unsafe[t] = AllFiniteRows(vread, sh.v.sl, kc, Ev) ? 0 : 1;
@@ -1538,10 +1541,11 @@ void BackwardT(const Problem& p, T* dsinks) {
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
-      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>);
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>, kTileLd<T>);
       WithStorage<T>(p.v.dtype, [&](auto st) {
         using SV = typename decltype(st)::type;
-        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kTileLd<T>);
+        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kTileLd<T>,
+                      kTileLd<T>);
       });
       if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldk, kp + (bh * S + s0) * ldk);
       const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
