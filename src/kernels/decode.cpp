@@ -1031,10 +1031,8 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         }
       }
       for (int64_t j = 0; j < n_pf; ++j) {
-        const char* kr = reinterpret_cast<const char*>(k + ko_pf[j] + h * p.k_head);
-        const char* vr = reinterpret_cast<const char*>(v + vo_pf[j] + h * p.v_head);
-        for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kr + b, 0, 2);  // into L2
-        for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+        flash::prefetch_lines<2>(k + ko_pf[j] + h * p.k_head, kbytes);  // into L2
+        flash::prefetch_lines<2>(v + vo_pf[j] + h * p.v_head, vbytes);
       }
       if (near) {
         const bool last = hh + 1 == it.nh;
@@ -1042,10 +1040,8 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         const int64_t* vn = last ? vo_next : vo;
         const int64_t h_next = last ? it.h0 : h + 1;
         for (int64_t j = 0; j < (last ? n_next : kc); ++j) {
-          const char* kr = reinterpret_cast<const char*>(k + kn[j] + h_next * p.k_head);
-          const char* vr = reinterpret_cast<const char*>(v + vn[j] + h_next * p.v_head);
-          for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(kr + b);
-          for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(vr + b);
+          flash::prefetch_lines<3>(k + kn[j] + h_next * p.k_head, kbytes);  // into L1
+          flash::prefetch_lines<3>(v + vn[j] + h_next * p.v_head, vbytes);
         }
       }
       const int64_t rb = hh * gl;

@@ -470,14 +470,6 @@ struct ForwardShared {
 // (ForwardQueryBlock) and the G heads of the group: block * G slots, each one query tile of one
 // head.
 inline constexpr int64_t kMaxForwardBlock = 4;
-// Prefetches n elements from data into L2.
-template <typename T>
-void PrefetchBytesL2(const T* data, int64_t n) {
-  const char* c = reinterpret_cast<const char*>(data);
-  const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-}
-
 template <typename T>
 struct ForwardScratch {
   T* qs;    // [slots][kQueryTile][E]: the query tile of each slot, times scale
@@ -1316,9 +1308,12 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
           if (gn < G && in < qtiles.end) {
             const int64_t ln = in * kQueryTile, rn = std::min(kQueryTile, L - ln);
             const int64_t hn = hkv * G + gn;
-            PrefetchBytesL2(sh.qs + ((b * p.Hq + hn) * L + ln) * ldq, rn * ldq);
-            for (int64_t r = 0; r < rn; ++r) PrefetchBytesL2(sh.dout.row(b, hn, ln + r), ldo);
-            PrefetchBytesL2(dq_acc + (gn * L + ln) * ldq, rn * ldq);
+            const auto size = static_cast<int64_t>(sizeof(T));
+            flash::prefetch_lines<2>(sh.qs + ((b * p.Hq + hn) * L + ln) * ldq, rn * ldq * size);
+            for (int64_t r = 0; r < rn; ++r) {
+              flash::prefetch_lines<2>(sh.dout.row(b, hn, ln + r), ldo * size);
+            }
+            flash::prefetch_lines<2>(dq_acc + (gn * L + ln) * ldq, rn * ldq * size);
           }
         }
         const flash::ColumnSpan c = ProbabilitiesAndGrad(p, sh, w, b, h, l0, rows, bh, j);

@@ -35,6 +35,14 @@ inline std::atomic<int> forward_block_for_test{-1};
 template <class T>
 inline constexpr std::int64_t kPad = 64 / sizeof(T);
 
+/// Prefetches the 64-byte lines of the bytes bytes from p: kLocality as __builtin_prefetch's (3
+/// into L1, 2 into L2).
+template <int kLocality>
+inline void prefetch_lines(const void* p, std::int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, kLocality);
+}
+
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 inline std::int64_t round_up(std::int64_t a, std::int64_t b) { return ceil_div(a, b) * b; }
 
