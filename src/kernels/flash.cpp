@@ -1304,7 +1304,10 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
           // alternating in one process, (1, 8, 4096, E), 2 Zen 5 threads: E = 64 1.028x, E = 128
           // 1.026x (one thread 1.023x).
           int64_t gn = g, in = i + 1;
-          if (in == qtiles.end) gn = g + 1, in = qtiles.begin;
+          if (in == qtiles.end) {
+            gn = g + 1;
+            in = qtiles.begin;
+          }
           if (gn < G && in < qtiles.end) {
             const int64_t ln = in * kQueryTile, rn = std::min(kQueryTile, L - ln);
             const int64_t hn = hkv * G + gn;
