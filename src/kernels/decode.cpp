@@ -94,31 +94,9 @@ using std::size_t;
 template <typename T>
 constexpr T kDecodeNegInf = -std::numeric_limits<T>::infinity();
 
-// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the partial sums
-// of that input, in input order; K = N gives lane j = sum of the lanes of a[j]. Each level
-// puts the pairwise sums of a's lanes in the lower half and those of b in the upper half. The
-// 1-lane SCALAR target has no ConcatEven and needs no tree.
-template <size_t K>
-struct Tree {
-#if HWY_TARGET != HWY_SCALAR
-  template <class D, class V>
-  static HWY_INLINE V Run(D d, const V* a) {
-    const V lo = Tree<K / 2>::Run(d, a), hi = Tree<K / 2>::Run(d, a + K / 2);
-    return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
-  }
-#endif
-};
-template <>
-struct Tree<1> {
-  template <class D, class V>
-  static HWY_INLINE V Run(D, const V* a) {
-    return a[0];
-  }
-};
-
-// The tree of Tree, evaluated depth first while the K keys' products are formed, so that at
-// most log2(K) + 1 partial vectors are live (the 16 accumulators of all keys at once spill on
-// AVX-512 next to the 8 vectors of q).
+// The tree of LaneTree (gemm-inl.h), evaluated depth first while the K keys' products are formed,
+// so that at most log2(K) + 1 partial vectors are live (the 16 accumulators of all keys at once
+// spill on AVX-512 next to the 8 vectors of q).
 template <size_t K, int kC>
 struct KeyTree {
   template <class D, class V, typename T>
@@ -162,7 +140,7 @@ HWY_INLINE void ScoresN(D d, const T* HWY_RESTRICT q, const T* HWY_RESTRICT kt, 
         acc[j] = hn::MulAdd(qv, hn::LoadU(d, kt + static_cast<int64_t>(j) * ld + e), acc[j]);
       }
     }
-    hn::StoreU(Tree<N>::Run(d, acc), d, scores);
+    hn::StoreU(LaneTree<N>::Run(d, acc), d, scores);
   }
 }
 
@@ -541,7 +519,7 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const Tc* HWY_RESTRICT src) {
 
 // out[r] = the scores of query rows q + r * ldq (r < R) against the K keys kp[0..K): lane j of
 // out[r] is q_r . k_j, for K = N. Each K vector is loaded once and feeds the R rows; the
-// transpose-and-add tree of Tree is evaluated depth first (log2 K + 1 partial vectors per row
+// transpose-and-add tree of LaneTree is evaluated depth first (log2 K + 1 partial vectors per row
 // live: 21 registers at R = 4 on AVX-512).
 template <size_t K, int R, int kC>
 struct RowsKeyTree {

@@ -402,35 +402,70 @@ struct RegionError {
   }
 };
 
-// ---- the online softmax of one row -----------------------------------------------------------
+// ---- the online softmax of a tile's rows --------------------------------------------------------
 
-// One row's step of the online softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 8-10)
-// over one key tile: srow[0..kKeyTile) holds the masked scores S_j and becomes
-// P_j = exp(S_j - m_new); m and l are the row's running max and sum:
-//   m_new = max(m, rowmax(S_j))     l = exp(m - m_new) * l + rowsum(P_j)
-// Returns the factor exp(m - m_new) by which the row's accumulator must be multiplied, or 1 when
-// it needs none (the max did not move, or nothing was visible before, so the accumulator is 0).
-// m starts at -inf; while nothing is visible m stays -inf and P_j is 0 (exp(-inf - -inf) would
-// be NaN). A NaN score makes the row NaN (std::max would drop it); NaN then survives every later
-// tile because exp(m - m_new) and the rescaled sums stay NaN.
+// The online softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 8-10) over one key tile,
+// for rows [0, rows) of the score tile s (row stride kKeyTile): each row's masked scores S_j
+// become P_j = exp(S_j - m_new), and its running max m[r] and sum l[r] move on,
+//   m_new = max(m, rowmax(S_j))     l = exp(m - m_new) * l + rowsum(P_j),
+// and the row of acc (stride ldv, when given) is multiplied by exp(m - m_new) when any row of
+// its vector needs it (a factor of 1 changes no bit). m starts at -inf and l at 0; while a row
+// sees nothing, m stays -inf and P_j is 0 (exp(-inf - -inf) would be NaN). m[] and l[] have room
+// for `rows` rounded up to the lanes, every entry initialised.
+// N rows go at a time as the N lanes of one vector: each row's lane-wise maximum, then one
+// LaneTree turns the N rows' vectors into the vector of their maxima (and another their sums),
+// so that m, l and the factors exp(m - m_new) are computed lane-wise, with no horizontal
+// reduction and no branch per row. Each row's result depends on its own scores only, never on
+// the rows that share its vector.
+// NaN: x86's max drops NaN, and the maximum does not look for it; instead P = exp(S - m_new)
+// keeps NaN (kKeepNaN), so a NaN score makes its row's sum l NaN, which then stays NaN, and the
+// row's out and lse NaN, as the maths says. A tile that leaves a row with nothing visible yet
+// (m_new = -inf: no P is computed) is scanned for NaN instead.
 template <typename T>
-HWY_INLINE T OnlineSoftmaxRow(T* HWY_RESTRICT srow, T& m, T& l) {
-  const T m_old = m;
-  const T tile_max = RowMax(srow, kKeyTile);
-  const T m_new = std::isnan(tile_max) ? tile_max : std::max(m_old, tile_max);
-  if (m_new == kNegInf<T>) {
-    std::fill_n(srow, kKeyTile, T(0));
-    return T(1);
+HWY_INLINE void OnlineSoftmaxRows(T* HWY_RESTRICT s, int64_t rows, T* HWY_RESTRICT m,
+                                  T* HWY_RESTRICT l, T* HWY_RESTRICT acc, int64_t ldv) {
+  const hn::ScalableTag<T> d;
+  using V = hn::Vec<decltype(d)>;
+  constexpr size_t N = hn::MaxLanes(d);
+  const V neg_inf = hn::Set(d, kNegInf<T>), one = hn::Set(d, T(1));
+  for (int64_t r0 = 0; r0 < rows; r0 += static_cast<int64_t>(N)) {
+    const auto nr = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(N), rows - r0));
+    T* HWY_RESTRICT s0 = s + r0 * kKeyTile;
+    V part[N];
+    for (size_t r = 0; r < N; ++r)
+      part[r] = r < nr ? LaneMax(d, s0 + r * kKeyTile, kKeyTile) : neg_inf;
+    const V m_old = hn::LoadU(d, m + r0);
+    const V m_new = hn::Max(m_old, LaneTree<N, /*kMax=*/true>::Run(d, part));
+    T shift[N];
+    hn::StoreU(m_new, d, shift);
+    V sum[N];
+    for (size_t r = 0; r < N; ++r) {
+      sum[r] = hn::Zero(d);
+      if (r >= nr) continue;
+      T* HWY_RESTRICT row = s0 + r * kKeyTile;
+      if (shift[r] == kNegInf<T>) {  // nothing visible yet: P = 0, l stays 0 unless NaN is seen
+        if (std::any_of(row, row + kKeyTile, [](T x) { return std::isnan(x); })) {
+          sum[r] = hn::Set(d, std::numeric_limits<T>::quiet_NaN());
+        }
+        std::fill_n(row, kKeyTile, T(0));
+        continue;
+      }
+      ExpShiftRow</*kNonPositive=*/true, T, /*kKeepNaN=*/true>(row, kKeyTile, shift[r], &sum[r]);
+    }
+    // exp(m_old - m_new) is 0 when m_old = -inf (the accumulator is 0 then), 1 when the max did
+    // not move, and taken as 1 while nothing is visible (-inf - -inf).
+    const V alpha = hn::IfThenElse(
+        hn::Eq(m_new, neg_inf), one,
+        ExpSoftmax</*kNonPositive=*/true, /*kKeepNaN=*/true>(d, hn::Sub(m_old, m_new)));
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), alpha, LaneTree<N>::Run(d, sum)), d, l + r0);
+    hn::StoreU(m_new, d, m + r0);
+    if (acc != nullptr && !hn::AllTrue(d, hn::Eq(alpha, one))) {
+      T factor[N];
+      hn::StoreU(alpha, d, factor);
+      for (size_t r = 0; r < nr; ++r)
+        ScaleRow(acc + (r0 + static_cast<int64_t>(r)) * ldv, ldv, factor[r]);
+    }
   }
-  const T row_sum = ExpShiftSum(srow, kKeyTile, m_new);
-  if (m_new == m_old) {
-    l += row_sum;
-    return T(1);
-  }
-  const T alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
-  l = l * alpha + row_sum;
-  m = m_new;
-  return m_old == kNegInf<T> ? T(1) : alpha;
 }
 
 // A sink joins a row's denominator: with the row's running max m and sum l, the new max is
@@ -508,7 +543,7 @@ HWY_INLINE void AccumulatePV(int64_t rows, int64_t ldv, int64_t kc, const T* P, 
 
 // Query tiles i0 .. i0 + block (rows l0 .. l0 + rows each, of every query head that reads
 // key/value head hkv) against all the key tiles they can see: per key tile j, for each tile and
-// head, S_j = (scale * Q) K_j^T + mask, then OnlineSoftmaxRow, then acc = exp(m - m_new) * acc +
+// head, S_j = (scale * Q) K_j^T + mask, then OnlineSoftmaxRows, then acc = exp(m - m_new) * acc +
 // P_j V_j; at the end out = acc / l and lse = m + log(l). Every row's arithmetic is the same for
 // any block: the block only decides how many query tiles use a K/V tile while it is in cache.
 template <typename T>
@@ -533,8 +568,8 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hkv * G + g, slot = t * G + g;
       PackRows(p.q, b, h, l0, rows, E, scale, E, w.qs + slot * kQueryTile * E);
-      std::fill_n(w.rmax + slot * kQueryTile, rows, kNegInf<T>);
-      std::fill_n(w.rsum + slot * kQueryTile, rows, T(0));
+      std::fill_n(w.rmax + slot * kQueryTile, kQueryTile, kNegInf<T>);
+      std::fill_n(w.rsum + slot * kQueryTile, kQueryTile, T(0));
       std::fill_n(w.acc + slot * kQueryTile * ldv, rows * ldv, T(0));
     }
   }
@@ -562,18 +597,21 @@ void ForwardQueryBlock(const Problem& p, const ForwardShared<T>& sh, const Forwa
                     w.qs + slot * kQueryTile * E, E, 1, kt + cols.begin, kKeyTile, w.s + cols.begin,
                     kKeyTile);
         // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
-        for (int64_t r = 0; r < rows; ++r) {
-          T* srow = w.s + r * kKeyTile;
-          if (var.transforms_scores()) {
-            TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+        if (var.transforms_scores() || masked) {
+          for (int64_t r = 0; r < rows; ++r) {
+            T* srow = w.s + r * kKeyTile;
+            if (var.transforms_scores()) {
+              TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+            }
+            if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
           }
-          if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
-          const T alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
-          if (alpha != T(1)) ScaleRow(acc + r * ldv, ldv, alpha);
-          // Dropout acts on P V only: the running sum l above is the softmax's own.
-          if (var.dropout()) {
+        }
+        OnlineSoftmaxRows(w.s, rows, rmax, rsum, acc, ldv);
+        // Dropout acts on P V only: the running sum l above is the softmax's own.
+        if (var.dropout()) {
+          for (int64_t r = 0; r < rows; ++r) {
             DropoutFactors(var, b, h, l0 + r, s0, kc, w.drop);
-            ApplyDropout(kc, w.drop, srow);
+            ApplyDropout(kc, w.drop, w.s + r * kKeyTile);
           }
         }
         // pass 3: acc += P V (P is 0 outside the visible columns: skipping it changes no bit)
@@ -761,8 +799,8 @@ void ForwardQueryTileBf16(const Problem& p, const ForwardSharedBf16& sh,
     const int64_t h = hkv * G + g;
     bf16::pack_rows(p.q.row<uint16_t>(b, h, l0), n(rows), n(E), n(p.q.sl),
                     w.q + g * kQueryTile * E2, n(E2));
-    std::fill_n(w.rmax + g * kQueryTile, rows, kNegInf<float>);
-    std::fill_n(w.rsum + g * kQueryTile, rows, 0.0f);
+    std::fill_n(w.rmax + g * kQueryTile, kQueryTile, kNegInf<float>);
+    std::fill_n(w.rsum + g * kQueryTile, kQueryTile, 0.0f);
     std::fill_n(w.acc + g * kQueryTile * ldv, rows * ldv, 0.0f);
   }
 
@@ -789,12 +827,12 @@ void ForwardQueryTileBf16(const Problem& p, const ForwardSharedBf16& sh,
       bf16::gemm(false, n(rows), n(kKeyTile), n(E2), scale, w.q + g * kQueryTile * E2, n(E2), kt,
                  n(kKeyTile), w.s, n(kKeyTile));
       // pass 2: mask, running max, P = exp(S - m), running sum, rescale acc
-      for (int64_t r = 0; r < rows; ++r) {
-        float* srow = w.s + r * kKeyTile;
-        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
-        const float alpha = OnlineSoftmaxRow(srow, rmax[r], rsum[r]);
-        if (alpha != 1.0f) ScaleRow(acc + r * ldv, ldv, alpha);
+      if (masked) {
+        for (int64_t r = 0; r < rows; ++r) {
+          flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, w.s + r * kKeyTile);
+        }
       }
+      OnlineSoftmaxRows(w.s, rows, rmax, rsum, acc, ldv);
       // pass 3: acc += bf16(P) V
       bf16::pack_rows_rounded(w.s, n(rows), n(kc), n(kKeyTile), w.p, n(kKeyTile / 2));
       if (v_unsafe) {
@@ -1143,7 +1181,7 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
 }
 
 // The running max m and sum l of each row of one query tile, recomputed over the key tiles the
-// tile sees with the forward's own arithmetic (the same products, masking and OnlineSoftmaxRow,
+// tile sees with the forward's own arithmetic (the same products, masking and OnlineSoftmaxRows,
 // in the same order, so the forward's m and l bit for bit), for the rows whose lse does not
 // normalise P; see kLseResolvable.
 template <typename T>
@@ -1154,8 +1192,8 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
   const int64_t bh = b * p.Hkv + h / p.group, row0 = (b * p.Hq + h) * p.L + l0;
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
   T m[kQueryTile], l[kQueryTile];
-  std::fill_n(m, rows, kNegInf<T>);
-  std::fill_n(l, rows, T(0));
+  std::fill_n(m, kQueryTile, kNegInf<T>);
+  std::fill_n(l, kQueryTile, T(0));
   for (int64_t j = tiles.begin; j < tiles.end; ++j) {
     const int64_t s0 = j * kKeyTile, kc = std::min(kKeyTile, p.S - s0);
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
@@ -1163,14 +1201,16 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
       Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
                   sh.kt + (bh * sh.nkt + j) * p.E * kTileLd<T>, kTileLd<T>, w.p, kKeyTile);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      T* srow = w.p + r * kKeyTile;
-      if (p.variants.transforms_scores()) {
-        TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+    if (p.variants.transforms_scores() || masked) {
+      for (int64_t r = 0; r < rows; ++r) {
+        T* srow = w.p + r * kKeyTile;
+        if (p.variants.transforms_scores()) {
+          TransformScoresRow(p, b, h, l0 + r, s0, srow, kKeyTile, static_cast<T*>(nullptr));
+        }
+        if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
       }
-      if (masked) flash::mask_row(p, b, h, l0 + r, s0, kc, kKeyTile, srow);
-      OnlineSoftmaxRow(srow, m[r], l[r]);
     }
+    OnlineSoftmaxRows(w.p, rows, m, l, static_cast<T*>(nullptr), 0);
   }
   const bool sinks = p.variants.sinks != nullptr;
   for (int64_t r = 0; r < rows; ++r) {

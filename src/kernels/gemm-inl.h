@@ -172,6 +172,47 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
+/// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the reductions
+/// (sums, or maxima with kMax) of that input's lanes, in input order; K = N (the lane count)
+/// gives lane j = the reduction of a[j]. Each level puts the pairwise results of a's lanes in the
+/// lower half and those of b in the upper half: N - 1 operations for N rows, against
+/// log2(N) per row for a reduction of each vector on its own. The 1-lane SCALAR target has no
+/// ConcatEven and needs no tree.
+template <std::size_t K, bool kMax = false>
+struct LaneTree {
+#if HWY_TARGET != HWY_SCALAR
+  template <class D, class V>
+  static HWY_INLINE V Run(D d, const V* a) {
+    const V lo = LaneTree<K / 2, kMax>::Run(d, a), hi = LaneTree<K / 2, kMax>::Run(d, a + K / 2);
+    const V even = hn::ConcatEven(d, hi, lo), odd = hn::ConcatOdd(d, hi, lo);
+    return kMax ? hn::Max(even, odd) : hn::Add(even, odd);
+  }
+#endif
+};
+template <bool kMax>
+struct LaneTree<1, kMax> {
+  template <class D, class V>
+  static HWY_INLINE V Run(D, const V* a) {
+    return a[0];
+  }
+};
+
+/// The lane-wise maximum of x[0..n) (n a positive multiple of the lanes), in two chains. A NaN
+/// entry may or may not survive (x86's max returns its second operand when either is NaN): for
+/// callers that catch NaN elsewhere.
+template <class D>
+HWY_INLINE hn::Vec<D> LaneMax(D d, const hn::TFromD<D>* HWY_RESTRICT x, std::size_t n) {
+  const std::size_t lanes = hn::Lanes(d);
+  auto m0 = hn::LoadU(d, x), m1 = m0;
+  std::size_t i = lanes;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    m1 = hn::Max(m1, hn::LoadU(d, x + i));
+    m0 = hn::Max(m0, hn::LoadU(d, x + i + lanes));
+  }
+  for (; i < n; i += lanes) m1 = hn::Max(m1, hn::LoadU(d, x + i));
+  return hn::Max(m0, m1);
+}
+
 /// exp(x[u]) for u < U, in place, for the softmax's arguments (x <= 0 in exact arithmetic: a
 /// score minus its row's maximum or its log-sum-exp). float32: within 1 ULP of exp on
 /// [-87.33, 88], exactly 1 at 0 and 0 below -87.33 (where exp leaves float32's normal range: such
@@ -189,10 +230,15 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
 /// of latency, longer than an AVX2 core's scheduler window holds (on family 23, U = 4 computes
 /// a row 1.3x faster than one vector at a time). Every lane's result is the same for any U.
 /// float64 takes hn::Exp.
-template <bool kNonPositive = false, std::size_t U, class D, class V>
+/// kKeepNaN: NaN arguments give NaN instead of 0, so that a NaN score reaches its row's sum (the
+/// forward's online softmax, which does not look for NaN in its row maximum).
+template <bool kNonPositive = false, bool kKeepNaN = false, std::size_t U, class D, class V>
 HWY_INLINE void ExpSoftmaxN(D d, V (&x)[U]) {
   if constexpr (sizeof(hn::TFromD<D>) != 4) {
-    for (std::size_t u = 0; u < U; ++u) x[u] = hn::Exp(d, x[u]);
+    for (std::size_t u = 0; u < U; ++u) {
+      const V e = hn::Exp(d, x[u]);
+      x[u] = kKeepNaN ? hn::IfThenElse(hn::IsNaN(x[u]), x[u], e) : e;
+    }
   } else {
     const hn::RebindToSigned<D> di;
     const auto shifter = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
@@ -211,29 +257,33 @@ HWY_INLINE void ExpSoftmaxN(D d, V (&x)[U]) {
 #pragma GCC unroll 8
     for (std::size_t u = 0; u < U; ++u) {
       const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t[u])));
-      x[u] =
-          hn::IfThenElseZero(hn::Ge(x[u], hn::Set(d, -87.33654f)), hn::MulAdd(r[u], two_n, two_n));
+      const auto e = hn::MulAdd(r[u], two_n, two_n);
+      if constexpr (kKeepNaN) {
+        x[u] = hn::IfThenZeroElse(hn::Lt(x[u], hn::Set(d, -87.33654f)), e);  // NaN: Lt is false
+      } else {
+        x[u] = hn::IfThenElseZero(hn::Ge(x[u], hn::Set(d, -87.33654f)), e);
+      }
     }
   }
 }
 
 /// exp(x) of one vector, as ExpSoftmaxN.
-template <bool kNonPositive = false, class D, class V>
+template <bool kNonPositive = false, bool kKeepNaN = false, class D, class V>
 HWY_INLINE V ExpSoftmax(D d, V x) {
   V one[1] = {x};
-  ExpSoftmaxN<kNonPositive>(d, one);
+  ExpSoftmaxN<kNonPositive, kKeepNaN>(d, one);
   return one[0];
 }
 
 /// x[i..i + U * Lanes) = exp(x - shift) in place, U vectors at a time; adds each vector to *sum
 /// (when given) in order, so that the sum is the same as one vector at a time.
-template <bool kNonPositive, std::size_t U, class D, class V>
+template <bool kNonPositive, bool kKeepNaN, std::size_t U, class D, class V>
 HWY_INLINE void ExpShiftBlock(D d, hn::TFromD<D>* HWY_RESTRICT x, V shift, V* sum) {
   const std::size_t lanes = hn::Lanes(d);
   V e[U];
 #pragma GCC unroll 8
   for (std::size_t u = 0; u < U; ++u) e[u] = hn::Sub(hn::LoadU(d, x + u * lanes), shift);
-  ExpSoftmaxN<kNonPositive>(d, e);
+  ExpSoftmaxN<kNonPositive, kKeepNaN>(d, e);
 #pragma GCC unroll 8
   for (std::size_t u = 0; u < U; ++u) {
     hn::StoreU(e[u], d, x + u * lanes);
@@ -247,7 +297,7 @@ inline constexpr std::size_t kExpBlock = 4;
 
 /// x[i] = exp(x[i] - shift) in place over n elements, summed into *sum when given: blocks of
 /// kExpBlock vectors, then single vectors.
-template <bool kNonPositive, typename T>
+template <bool kNonPositive, typename T, bool kKeepNaN = false>
 HWY_INLINE void ExpShiftRow(T* HWY_RESTRICT x, std::size_t n, T shift,
                             hn::Vec<hn::ScalableTag<T>>* sum) {
   const hn::ScalableTag<T> d;
@@ -255,9 +305,9 @@ HWY_INLINE void ExpShiftRow(T* HWY_RESTRICT x, std::size_t n, T shift,
   const auto vs = hn::Set(d, shift);
   std::size_t i = 0;
   for (; i + kExpBlock * lanes <= n; i += kExpBlock * lanes) {
-    ExpShiftBlock<kNonPositive, kExpBlock>(d, x + i, vs, sum);
+    ExpShiftBlock<kNonPositive, kKeepNaN, kExpBlock>(d, x + i, vs, sum);
   }
-  for (; i < n; i += lanes) ExpShiftBlock<kNonPositive, 1>(d, x + i, vs, sum);
+  for (; i < n; i += lanes) ExpShiftBlock<kNonPositive, kKeepNaN, 1>(d, x + i, vs, sum);
 }
 
 /// x[i] = exp(x[i] - shift) in place; returns the sum. x may hold -inf (gives 0). shift is at

@@ -32,6 +32,7 @@
 #include "core/problem.h"
 #include "hwy/targets.h"
 #include "kernels/dispatch.h"
+#include "kernels/flash_common.h"
 #include "kernels/kernels.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
@@ -386,6 +387,52 @@ TEST(FastKernel, NonFiniteAtMaskedPositionsDoesNotLeak) {
                             run(as_float64(in), c.options, Impl::reference),
                             "mask kind " + std::to_string(mask_kind));
   }
+}
+
+// NaN scores at visible positions make exactly their rows NaN (out and lse), on every compiled
+// target: the online softmax's maximum may drop a NaN, so the NaN has to reach the row's sum
+// through P. Rows (of three lane groups on AVX-512, the last one partial) see: key 0 (NaN) as
+// the only visible key of the first tile, then finite keys; key 0 among finite keys of the
+// first tile; a NaN key in the last tile only, after the running max is set; or no NaN key.
+TEST(FastKernel, NanScoresMakeTheirRowsNan) {
+  Case c = make_case(40, 300, 20, 12, Causal::none, 1);
+  const std::int64_t nan_keys[] = {0, 290};
+  enum Sees { kOnlyNanThenFinite, kNanAmongFinite, kNanInLastTile, kNoNan };
+  const auto sees = [](std::int64_t l) { return static_cast<Sees>((l * 7 + l / 5) % 4); };
+  Inputs in = make_inputs(c, DType::float32, 31);
+  for (std::int64_t l = 0; l < c.L; ++l) {
+    for (std::int64_t s = 0; s < c.S; ++s) {
+      bool visible = s % 3 != 1;  // a third of the keys hidden from every row
+      if (s == 0) visible = sees(l) == kOnlyNanThenFinite || sees(l) == kNanAmongFinite;
+      if (s == 290) visible = sees(l) == kNanInLastTile;
+      if (sees(l) == kOnlyNanThenFinite && s > 0 && s < sdpa::detail::flash::kKeyTile) {
+        visible = false;
+      }
+      sdpa::test::set(in.mask, l * c.S + s, visible ? 1.0 : 0.0);
+    }
+  }
+  for (std::int64_t s : nan_keys) in.k.data_as<float>()[s * c.E + 3] = NAN;
+  const Outputs truth = run(as_float64(in), c.options, Impl::reference, false);
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string name = sdpa::detail::fast_kernel_target();
+    const Outputs fast = run(in, c.options, Impl::fast, false);
+    for (std::int64_t l = 0; l < c.L; ++l) {
+      const bool nan_row = sees(l) != kNoNan;
+      const float lse = fast.lse.data_as<float>()[l];
+      EXPECT_EQ(std::isnan(lse), nan_row) << name << " row " << l << " lse " << lse;
+      for (std::int64_t e = 0; e < c.Ev; ++e) {
+        const float got = fast.out.data_as<float>()[l * c.Ev + e];
+        if (nan_row) {
+          EXPECT_TRUE(std::isnan(got)) << name << " row " << l << " col " << e;
+        } else {
+          EXPECT_NEAR(got, truth.out.data_as<double>()[l * c.Ev + e], 2e-5)
+              << name << " row " << l << " col " << e;
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(FastKernel, IntermediatesPastFloat32RangeStayFinite) {
