@@ -174,10 +174,12 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
 
 /// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the reductions
 /// (sums, or maxima with kMax) of that input's lanes, in input order; K = N (the lane count)
-/// gives lane j = the reduction of a[j]. Each level puts the pairwise results of a's lanes in the
-/// lower half and those of b in the upper half: N - 1 operations for N rows, against
-/// log2(N) per row for a reduction of each vector on its own. The 1-lane SCALAR target has no
-/// ConcatEven and needs no tree.
+/// gives lane j = the reduction of a[j]. Each node puts the pairwise results of its lower
+/// input's lanes in the lower half of its output and those of its upper input in the upper half.
+/// N vectors take N - 1 nodes of three operations
+/// (ConcatEven, ConcatOdd, the add or max), 45 at N = 16, against two per level and vector
+/// (128) when each vector is reduced on its own, in a chain of dependent shuffles. The 1-lane
+/// SCALAR target has no ConcatEven and needs no tree.
 template <std::size_t K, bool kMax = false>
 struct LaneTree {
 #if HWY_TARGET != HWY_SCALAR
