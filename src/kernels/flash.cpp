@@ -436,21 +436,21 @@ HWY_INLINE void OnlineSoftmaxRows(T* HWY_RESTRICT s, int64_t rows, T* HWY_RESTRI
       part[r] = r < nr ? LaneMax(d, s0 + r * kKeyTile, kKeyTile) : neg_inf;
     const V m_old = hn::LoadU(d, m + r0);
     const V m_new = hn::Max(m_old, LaneTree<N, /*kMax=*/true>::Run(d, part));
-    T shift[N];
-    hn::StoreU(m_new, d, shift);
+    hn::StoreU(m_new, d, m + r0);
     V sum[N];
     for (size_t r = 0; r < N; ++r) {
       sum[r] = hn::Zero(d);
       if (r >= nr) continue;
       T* HWY_RESTRICT row = s0 + r * kKeyTile;
-      if (shift[r] == kNegInf<T>) {  // nothing visible yet: P = 0, l stays 0 unless NaN is seen
+      const T shift = m[r0 + static_cast<int64_t>(r)];
+      if (shift == kNegInf<T>) {  // nothing visible yet: P = 0, l stays 0 unless NaN is seen
         if (std::any_of(row, row + kKeyTile, [](T x) { return std::isnan(x); })) {
           sum[r] = hn::Set(d, std::numeric_limits<T>::quiet_NaN());
         }
         std::fill_n(row, kKeyTile, T(0));
         continue;
       }
-      ExpShiftRow</*kNonPositive=*/true, T, /*kKeepNaN=*/true>(row, kKeyTile, shift[r], &sum[r]);
+      ExpShiftRow</*kNonPositive=*/true, T, /*kKeepNaN=*/true>(row, kKeyTile, shift, &sum[r]);
     }
     // exp(m_old - m_new) is 0 when m_old = -inf (the accumulator is 0 then), 1 when the max did
     // not move, and taken as 1 while nothing is visible (-inf - -inf).
@@ -458,7 +458,6 @@ HWY_INLINE void OnlineSoftmaxRows(T* HWY_RESTRICT s, int64_t rows, T* HWY_RESTRI
         hn::Eq(m_new, neg_inf), one,
         ExpSoftmax</*kNonPositive=*/true, /*kKeepNaN=*/true>(d, hn::Sub(m_old, m_new)));
     hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), alpha, LaneTree<N>::Run(d, sum)), d, l + r0);
-    hn::StoreU(m_new, d, m + r0);
     if (acc != nullptr && !hn::AllTrue(d, hn::Eq(alpha, one))) {
       T factor[N];
       hn::StoreU(alpha, d, factor);
