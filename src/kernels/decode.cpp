@@ -693,18 +693,31 @@ HWY_INLINE void BlockSoftmax(const Scratch<T>& w, int64_t r0, T* mx, T* l, Block
   }
 }
 
+// Rows to prefetch into L1 once a block's scores are formed (the next kv head's value rows).
+struct NearRows {
+  const char* row[kDecodeTile];
+  int64_t n = 0, bytes = 0;
+
+  HWY_INLINE void Issue() {
+    for (int64_t j = 0; j < n; ++j) flash::prefetch_lines<3>(row[j], bytes);
+    n = 0;
+  }
+};
+
 // One block of R query rows over one tile: scores from one read of each K row, the online
 // softmax per row, then P V from one read of each V row. Rows that see a different number of
 // the tile's keys (causal, L > 1), or whose probabilities include an exact 0 (skipped, as in
 // the packed path), take the per-row way.
 template <int R, int kC, typename T, typename Tc>
 HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_t s0, int64_t kc,
-                          const Tc* const* kp, const Tc* const* vp, T* acc, T* mx, T* l) {
+                          const Tc* const* kp, const Tc* const* vp, T* acc, T* mx, T* l,
+                          NearRows& after_scores) {
   const hn::ScalableTag<T> d;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<T>()));
   BlockState<R, T> b;
   if (!BlockVisible(w, r0, s0, kc, b)) return;
   TileScores<R, kC>(d, w.qs + r0 * m.Epad, m.Epad, kp, m.Epad / N, w.s);
+  after_scores.Issue();
   BlockSoftmax(w, r0, mx, l, b);
   const int64_t Cv = m.Evpad / N;
   if (b.dense) {
@@ -1002,6 +1015,11 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
   const bool whole_rows = it.nh == p.Hkv && p.k_head == m.E && p.v_head == m.Ev &&
                           p.k_row == p.Hkv * m.E && p.v_row == p.Hkv * m.Ev;
   const int64_t kbytes_row = p.Hkv * kbytes, vbytes_row = p.Hkv * vbytes;
+  // The near prefetches of the next head's value rows wait for the scores of the head's first
+  // block where the cache has the arithmetic's dtype (kVNearAfterScores, above).
+  constexpr bool kVNearAfterScores = sizeof(Tc) == sizeof(T) && !kPairs;
+  NearRows vnear;
+  vnear.bytes = vbytes;
   // The copied tile (m.copy_tiles): [head][kDecodeTile][Epad | Evpad] in the cache's dtype, its
   // 16-bit elements moved as uint16_t.
   using Bits = std::conditional_t<sizeof(Tc) == 2, std::uint16_t, Tc>;
@@ -1062,7 +1080,11 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         const int64_t h_next = last ? it.h0 : h + 1;
         for (int64_t j = 0; j < (last ? n_next : kc); ++j) {
           flash::prefetch_lines<3>(k + kn[j] + h_next * p.k_head, kbytes);  // into L1
-          flash::prefetch_lines<3>(v + vn[j] + h_next * p.v_head, vbytes);
+          if constexpr (kVNearAfterScores) {
+            vnear.row[vnear.n++] = reinterpret_cast<const char*>(v + vn[j] + h_next * p.v_head);
+          } else {
+            flash::prefetch_lines<3>(v + vn[j] + h_next * p.v_head, vbytes);
+          }
         }
       }
       const int64_t rb = hh * gl;
@@ -1078,7 +1100,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         } else  // NOLINT(readability/braces)
 #endif
         {
-          BlockStep<R, kC>(m, w, rb + r1, s0, kc, kp, vp, acc, mx, l);
+          BlockStep<R, kC>(m, w, rb + r1, s0, kc, kp, vp, acc, mx, l, vnear);
         }
       };
       int64_t r = 0;
@@ -1098,6 +1120,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         default:
           break;
       }
+      vnear.Issue();  // where no block of the head formed scores
     }
   }
 #ifdef SDPA_DECODE_PAIRS
