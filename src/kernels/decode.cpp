@@ -956,6 +956,16 @@ constexpr int64_t kDecodeAheadTiles = 2;
 // 131072) 1.06x, Hkv 2 1.08x, E 64 1.10x, S 8192 1.19x, one thread 1.29x, S 2048 (K/V in L3)
 // 1.00x. Runs of 6, 8, 16 and 20 positions ahead measured 0.97, 0.97, 0.96 and 0.92 times as fast
 // as 12. Over float32 caches there are no far prefetches (above).
+//
+// When each prefetch is issued (AfterScores): a head's part of the far runs once the head's first
+// block of rows has formed its scores, not before the block, where it came as a burst in front
+// of the block's own first loads (paired as above: float32 query over a bfloat16 cache 1.17x,
+// all-bfloat16 1.06x, one thread 1.15x, Hkv 2 1.06x, Hkv 1 1.03x, S 8192 1.05x, E 64 1.00x;
+// issued after the softmax or after P V instead, 0.99x and 1.01x). The near prefetches of the
+// next head's key rows go before the block; its value rows' go with them over 16-bit caches, and
+// after the scores over caches of the arithmetic's dtype (float32: E 128 1.07-1.09x, one thread
+// 1.10x, Hkv 2 1.04x, E 64 1.01x; over a bfloat16 cache the later value prefetches measured
+// 0.93x). Unrolling the prefetch loops (a constant row size) measured 0.92-0.96x from memory.
 constexpr int64_t kDecodeAheadRows = 12;
 
 // True when rows off[0..n) lie `row` elements apart, one after the other.
@@ -1028,7 +1038,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
                           p.k_row == p.Hkv * m.E && p.v_row == p.Hkv * m.Ev;
   const int64_t kbytes_row = p.Hkv * kbytes, vbytes_row = p.Hkv * vbytes;
   // The near prefetches of the next head's value rows wait for the scores of the head's first
-  // block where the cache has the arithmetic's dtype (kVNearAfterScores, above).
+  // block where the cache has the arithmetic's dtype (see kDecodeAheadRows).
   constexpr bool kVNearAfterScores = sizeof(Tc) == sizeof(T) && !kPairs;
   AfterScores later;
   later.bytes = vbytes;
