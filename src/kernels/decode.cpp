@@ -59,6 +59,7 @@
 // thread, the scaled queries, one packed tile (<= kDecodePackBytes) and one row of scores.
 #include "kernels/decode.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1369,8 +1370,10 @@ void DecodeT(const DecodeProblem& p) {
     }
   };
   // One thread runs the work outside any parallel region: its loops then need no barrier, and
-  // each of a region's three barriers costs a futex call (libgomp), ~2 us of a short call.
-  if (p.threads == 1) {
+  // each of a region's three barriers costs a futex call (libgomp), ~2 us of a short call. Not
+  // when the caller is inside an active region (one call per thread of the caller's team): there
+  // the loops would bind to the caller's team and share out the iterations of each thread's call.
+  if (p.threads == 1 && !omp_in_parallel()) {
     work();
   } else {
 #pragma omp parallel num_threads(p.threads)

@@ -8,6 +8,7 @@
 // (1, Hkv, S_b, E) tensors, so it shares no indexing code with the kernel.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -723,6 +724,41 @@ TEST(DecodeForward, BitIdenticalForAnyThreadCount) {
     Array out(DType::float32, {2, 8, 4, 32});
     sdpa::attention_forward(q, k, v, nullptr, o, out.mut());
     EXPECT_EQ(std::memcmp(out.data(), first.data(), out.nbytes()), 0) << threads << " threads";
+  }
+}
+
+// A caller that runs one call per thread of its own OpenMP team, one thread each (a server that
+// parallelises over requests), gets each call's whole result: the call's loops share out its
+// own work items, never the caller's team.
+TEST(DecodeForward, OneThreadCallsInsideTheCallersParallelRegion) {
+  constexpr int kCallers = 3;
+  std::vector<Array> q, k, v, alone;
+  sdpa::AttentionOptions o;
+  o.enable_gqa = true;
+  o.threads = 1;
+  for (int c = 0; c < kCallers; ++c) {
+    q.push_back(random_array(DType::float32, {1, 8, 2, 32}, 10 + 3 * c));
+    k.push_back(random_array(DType::float32, {1, 2, 1500, 32}, 11 + 3 * c));
+    v.push_back(random_array(DType::float32, {1, 2, 1500, 32}, 12 + 3 * c));
+    alone.emplace_back(DType::float32, std::vector<std::int64_t>{1, 8, 2, 32});
+    sdpa::attention_forward(q[c], k[c], v[c], nullptr, o, alone[c].mut());
+  }
+  std::vector<Array> inside;
+  for (int c = 0; c < kCallers; ++c) {
+    inside.emplace_back(DType::float32, std::vector<std::int64_t>{1, 8, 2, 32});
+  }
+  int team = 0;
+#pragma omp parallel num_threads(kCallers)
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    const int c = omp_get_thread_num();
+    sdpa::attention_forward(q[c], k[c], v[c], nullptr, o, inside[c].mut());
+  }
+  ASSERT_EQ(team, kCallers);
+  for (int c = 0; c < kCallers; ++c) {
+    EXPECT_EQ(std::memcmp(inside[c].data(), alone[c].data(), alone[c].nbytes()), 0)
+        << "caller " << c;
   }
 }
 
