@@ -1388,6 +1388,8 @@ void DecodeFloat(const DecodeProblem& p) { DecodeT<float, float>(p); }
 void DecodeFloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::float16_t>(p); }
 void DecodeBfloat16Cache(const DecodeProblem& p) { DecodeT<float, hwy::bfloat16_t>(p); }
 void DecodeDouble(const DecodeProblem& p) { DecodeT<double, double>(p); }
+// Whether x[0..n) holds no infinity and no NaN (the output rows' check in decode_forward).
+bool DecodeRowFinite(const float* x, int64_t n) { return AllFinite(x, n); }
 const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace sdpa::detail::HWY_NAMESPACE
@@ -1400,6 +1402,7 @@ HWY_EXPORT(DecodeFloat);
 HWY_EXPORT(DecodeFloat16Cache);
 HWY_EXPORT(DecodeBfloat16Cache);
 HWY_EXPORT(DecodeDouble);
+HWY_EXPORT(DecodeRowFinite);
 HWY_EXPORT(DecodeTargetName);
 
 namespace {
@@ -1455,18 +1458,6 @@ double cache_at(const DecodeProblem& p, const void* base, std::int64_t page_stri
     default:
       return static_cast<const float*>(base)[at];
   }
-}
-
-// Whether none of x[0..n) is an infinity or a NaN: the largest exponent field, without a branch
-// per element, so that the loop vectorizes.
-bool AllFinite(const float* x, std::int64_t n) {
-  std::uint32_t top = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    top = std::max(top, bits & 0x7f800000u);
-  }
-  return top != 0x7f800000u;
 }
 
 // Row (b, h, l) of a float32 decode call recomputed in double: scores scale * q . k (mask
@@ -1575,8 +1566,8 @@ void decode_forward(const DecodeProblem& p) {
         bool ok = std::isfinite(
             static_cast<const float*>(d.lse)[b * d.lse_sb + h * d.lse_sh + l * d.lse_sl]);
         if (ok && d.Ev > 0) {  // an empty out may have no data at all
-          ok = AllFinite(static_cast<const float*>(d.out) + b * d.o_sb + h * d.o_sh + l * d.o_sl,
-                         d.Ev);
+          ok = HWY_DYNAMIC_DISPATCH(DecodeRowFinite)(
+              static_cast<const float*>(d.out) + b * d.o_sb + h * d.o_sh + l * d.o_sl, d.Ev);
         }
         if (!ok) exact_row(d, b, h, l, scores, acc);
       }

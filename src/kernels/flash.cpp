@@ -345,22 +345,6 @@ void StoreRow(const OutputView& o, int64_t b, int64_t h, int64_t l, const T* src
   });
 }
 
-/// True when every x[0..n) is finite. x - x is 0 for finite x and NaN for inf or NaN.
-template <typename T>
-bool AllFinite(const T* x, int64_t n) {
-  const hn::ScalableTag<T> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  auto acc = hn::Zero(d);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(d, x + i);
-    acc = hn::Add(acc, hn::Sub(v, v));
-  }
-  T tail = 0;
-  for (; i < n; ++i) tail += x[i] - x[i];
-  return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
-}
-
 /// True when every element of row (b, h, l) of input view v (width elements) is finite.
 template <typename T>
 bool RowFinite(const InputView& v, int64_t b, int64_t h, int64_t l, int64_t width) {

@@ -18,6 +18,7 @@
 #define SDPA_KERNELS_GEMM_INL_H_
 #endif
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -170,6 +171,22 @@ HWY_INLINE T RowMax(const T* HWY_RESTRICT x, std::size_t n) {
   }
   if (!hn::AllFalse(d, hn::MaskFromVec(nan))) return std::numeric_limits<T>::quiet_NaN();
   return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+/// True when every x[0..n) is finite. x - x is 0 for finite x and NaN for inf or NaN.
+template <typename T>
+HWY_INLINE bool AllFinite(const T* HWY_RESTRICT x, std::int64_t n) {
+  const hn::ScalableTag<T> d;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    acc = hn::Add(acc, hn::Sub(v, v));
+  }
+  T tail = 0;
+  for (; i < n; ++i) tail += x[i] - x[i];
+  return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
 }
 
 /// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the reductions
