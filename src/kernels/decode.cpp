@@ -985,8 +985,8 @@ HWY_INLINE bool Consecutive(const int64_t* off, int64_t n, int64_t row) {
 // walked in 2 Hkv interleaved streams. Hq 32, Hkv 8, E 128, paired calls in one process, copied
 // against in place:
 //   AVX2, one AMD EPYC family 23 core pair: S = 32768 float32 1.51x, bfloat16 1.45x; S = 8192
-//   1.57x and 1.46x; S = 2048 (K/V in L3) 1.14x and 1.05x; software prefetch on top of the
-//   copy 0.95-0.98x.
+//   1.57x and 1.46x; S = 2048 (K/V in L3) 1.14x and 1.05x; software prefetch of each head's
+//   rows two tiles ahead on top of the copy 0.95-0.98x.
 //   AVX3_DL, one AMD EPYC family 25 (Zen 4, 32 KiB 8-way L1d) core pair, three paired rounds:
 //   S = 32768 float32 1.10-1.42x, bfloat16 1.49-1.91x, float16 1.46-1.86x; S = 8192 float32
 //   1.10-1.23x, bfloat16 1.43-1.56x; with L = 4 (16 rows per kv head) at S = 32768 float32
@@ -994,6 +994,13 @@ HWY_INLINE bool Consecutive(const int64_t* off, int64_t n, int64_t row) {
 //   (S = 2048 0.78-0.93x, S = 512 0.6-0.7x); in a model each layer's cache is read once per
 //   token after the other layers' caches have passed through L3, so the rule follows the
 //   from-memory figures.
+// Over 16-bit caches the copy takes the far prefetches as runs of memory (kDecodeAheadRows),
+// issued while the previous tile's blocks run, so that the copy reads from L2; row by row (the
+// runs cut by a page edge) it takes none. Paired against the copy without them (AVX2 code on a
+// Zen 5, S = 32768, 2 threads unless said): bfloat16 1.04-1.05x, one thread 1.13x, E 64 1.16x,
+// Hkv 2 1.09x, S 8192 1.07x, float16 1.03x; the AVX3_DL code made to copy (as on Zen 4):
+// bfloat16 1.07x, float16 1.07x. Runs 8, 20 or 28 positions ahead measured the same as 12.
+// Float32 caches take none here either (1.00x).
 // On AVX-512 cores with a 48 KiB 12-way L1d (Zen 5, the Xeon measured) the automatic rule
 // reads in place, with the prefetches above. Zen 5, S = 32768, 2 threads, two rounds: in place
 // against copied, bfloat16 (query and cache) 4.7-4.8 against 6.2-6.3 ms, float16 5.4 against
@@ -1052,13 +1059,15 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
     const int64_t kc = std::min(kDecodeTile, end - s0);
     RowOffsets(p, it.b, s0, kc, ko, vo);
     const int64_t s_pf = s0 + (whole_rows ? kDecodeAheadRows : kDecodeAheadTiles * kDecodeTile);
-    const int64_t n_pf = sizeof(Tc) < sizeof(T) && !m.copy_tiles
+    // Copied tiles take the far rows only as runs (see "Copied tiles").
+    const int64_t n_pf = sizeof(Tc) < sizeof(T) && (whole_rows || !m.copy_tiles)
                              ? std::clamp<int64_t>(end - s_pf, 0, kDecodeTile)
                              : 0;
     RowOffsets(p, it.b, s_pf, n_pf, ko_pf, vo_pf);
     // The far rows as two runs of memory (K's and V's), when they are.
     const bool runs = whole_rows && n_pf > 0 && Consecutive(ko_pf, n_pf, p.k_row) &&
                       Consecutive(vo_pf, n_pf, p.v_row);
+    const int64_t n_pf_rows = runs || m.copy_tiles ? 0 : n_pf;  // row by row instead
     // The near prefetches' rows of the next tile (for the item's first head).
     const bool near = !m.copy_tiles && it.nh > 1;
     const int64_t n_next = near ? std::clamp<int64_t>(end - (s0 + kDecodeTile), 0, kDecodeTile) : 0;
@@ -1096,7 +1105,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         later.parts = it.nh;
         later.runs = true;
       } else {
-        for (int64_t j = 0; j < n_pf; ++j) {
+        for (int64_t j = 0; j < n_pf_rows; ++j) {
           flash::prefetch_lines<2>(k + ko_pf[j] + h * p.k_head, kbytes);  // into L2
           flash::prefetch_lines<2>(v + vo_pf[j] + h * p.v_head, vbytes);
         }
