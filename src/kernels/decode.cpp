@@ -997,7 +997,7 @@ HWY_INLINE bool Consecutive(const int64_t* off, int64_t n, int64_t row) {
 // Over 16-bit caches the copy takes the far prefetches as runs of memory (kDecodeAheadRows),
 // issued while the previous tile's blocks run, so that the copy reads from L2; row by row (the
 // runs cut by a page edge) it takes none. Paired against the copy without them (AVX2 code on a
-// Zen 5, S = 32768, 2 threads unless said): bfloat16 1.04-1.05x, one thread 1.13x, E 64 1.16x,
+// Zen 5, S = 32768, 2 threads unless said): bfloat16 1.04-1.11x, one thread 1.13x, E 64 1.16x,
 // Hkv 2 1.09x, S 8192 1.07x, float16 1.03x; the AVX3_DL code made to copy (as on Zen 4):
 // bfloat16 1.07x, float16 1.07x. Runs 8, 20 or 28 positions ahead measured the same as 12.
 // Float32 caches take none here either (1.00x).
@@ -1067,7 +1067,6 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
     // The far rows as two runs of memory (K's and V's), when they are.
     const bool runs = whole_rows && n_pf > 0 && Consecutive(ko_pf, n_pf, p.k_row) &&
                       Consecutive(vo_pf, n_pf, p.v_row);
-    const int64_t n_pf_rows = runs || m.copy_tiles ? 0 : n_pf;  // row by row instead
     // The near prefetches' rows of the next tile (for the item's first head).
     const bool near = !m.copy_tiles && it.nh > 1;
     const int64_t n_next = near ? std::clamp<int64_t>(end - (s0 + kDecodeTile), 0, kDecodeTile) : 0;
@@ -1104,8 +1103,8 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
         later.part = hh;
         later.parts = it.nh;
         later.runs = true;
-      } else {
-        for (int64_t j = 0; j < n_pf_rows; ++j) {
+      } else if (!m.copy_tiles) {  // row by row (a copy takes only runs)
+        for (int64_t j = 0; j < n_pf; ++j) {
           flash::prefetch_lines<2>(k + ko_pf[j] + h * p.k_head, kbytes);  // into L2
           flash::prefetch_lines<2>(v + vo_pf[j] + h * p.v_head, vbytes);
         }
