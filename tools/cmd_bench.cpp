@@ -166,8 +166,8 @@ void add_bench_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--kv-tiles", c.kv_tiles,
                   "with --kv-cache: how the decode kernel reads a position-major cache: auto (copy "
-                  "each tile in memory order on AVX2 and where L1d is at most 32 KiB, else in "
-                  "place), copy or in-place; the results are bit-identical")
+                  "each tile in memory order where L1d is at most 32 KiB, else in place), copy "
+                  "or in-place; the results are bit-identical")
       ->check(CLI::IsMember({"auto", "copy", "in-place"}))
       ->capture_default_str();
   cmd->add_flag("--peak", a->peak,

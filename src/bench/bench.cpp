@@ -518,8 +518,7 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   j["target"] = detail::decode_kernel_target();
   // What the rule chose for these caches (position-major; with one kv head nothing is copied).
   j["kv_tiles"] = config.kv_tiles;
-  j["kv_tiles_copied"] =
-      Hkv > 1 && detail::decode_copies_tiles(std::string(detail::decode_kernel_target()) == "AVX2");
+  j["kv_tiles_copied"] = Hkv > 1 && detail::decode_copies_tiles();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -24,8 +24,8 @@
 //           K and V read where they lie, per tile and kv head the G * L rows in blocks of
 //           kDecodeRows; each K (then V) vector loaded feeds every row of the block, so at
 //           G * L = 4 each K/V byte enters a register once. An item holds whole cache rows
-//           (every head of a position, then the next), read front to back; on AVX2 (16
-//           registers) and where the L1 data cache is 32 KiB, each tile of a position-major
+//           (every head of a position, then the next), read front to back; where the L1
+//           data cache is at most 32 KiB (on every target), each tile of a position-major
 //           cache is first copied, in memory order and in its own dtype, into a contiguous
 //           buffer that the blocks then read (decode_copies_tiles). Packed path (masks,
 //           ragged sizes): the tile's K and V rows copied in memory order into a zero-padded
@@ -1001,11 +1001,14 @@ HWY_INLINE bool Consecutive(const int64_t* off, int64_t n, int64_t row) {
 // Hkv 2 1.09x, S 8192 1.07x, float16 1.03x; the AVX3_DL code made to copy (as on Zen 4):
 // bfloat16 1.07x, float16 1.07x. Runs 8, 20 or 28 positions ahead measured the same as 12.
 // Float32 caches take none here either (1.00x).
-// On AVX-512 cores with a 48 KiB 12-way L1d (Zen 5, the Xeon measured) the automatic rule
-// reads in place, with the prefetches above. Zen 5, S = 32768, 2 threads, two rounds: in place
-// against copied, bfloat16 (query and cache) 4.7-4.8 against 6.2-6.3 ms, float16 5.4 against
-// 7.0-7.1 ms, float32 8.2-8.4 against 9.7-10.1 ms. Head-major caches (each head's rows one
-// block) are read in place on every target.
+// Where the L1d is larger (48 KiB 12-way: Zen 5, the Xeon measured, Intel's AVX2-only client
+// cores) the automatic rule reads in place, with the prefetches above, whatever the target.
+// Zen 5, S = 32768, 2 threads, two rounds: in place against copied, bfloat16 (query and cache)
+// 4.7-4.8 against 6.2-6.3 ms, float16 5.4 against 7.0-7.1 ms, float32 8.2-8.4 against 9.7-10.1
+// ms. The AVX2 code on the same core, paired (copied time over in-place time, medians of 30-40
+// pairs): bfloat16 1.35x, float16 1.39x, float32 1.10x; one thread bfloat16 1.39x, float32
+// 1.17x; S = 8192 1.35x / 1.11x; E = 64 1.31x / 1.19x; Hkv 2 1.37x / 0.95x. Head-major caches
+// (each head's rows one block) are read in place on every target.
 
 // One work item read in place (or from a copy of each tile, m.copy_tiles): for each tile, for each
 // kv head, the head's G * L query rows in blocks of up to kDecodeRows. Same contract and partials
@@ -1273,8 +1276,7 @@ void DecodeT(const DecodeProblem& p) {
     // head per item instead: the item then reads one stream of K and one of V, front to back,
     // where all heads together would read 2 Hkv streams.
     if (p.Hkv > 1 && p.k_head > p.k_row && p.v_head > p.v_row) m.heads_per_item = 1;
-    m.copy_tiles = decode_copies_tiles(HWY_TARGET == HWY_AVX2) && p.Hkv > 1 &&
-                   p.k_head <= p.k_row && p.v_head <= p.v_row;
+    m.copy_tiles = decode_copies_tiles() && p.Hkv > 1 && p.k_head <= p.k_row && p.v_head <= p.v_row;
     // CopyLayout: one cache line after each head's rows, so that the rows of one position (one
     // per head, written one after the other) fall in different L1 sets.
     const auto es = static_cast<int64_t>(sizeof(Tc));
@@ -1432,14 +1434,14 @@ bool small_l1_data_cache() {
 
 DecodeTileRead set_decode_tile_read(DecodeTileRead rule) { return g_tile_read.exchange(rule); }
 
-bool decode_copies_tiles(bool avx2) {
+bool decode_copies_tiles() {
   switch (g_tile_read.load()) {
     case DecodeTileRead::copy:
       return true;
     case DecodeTileRead::in_place:
       return false;
     default:
-      return avx2 || small_l1_data_cache();
+      return small_l1_data_cache();
   }
 }
 

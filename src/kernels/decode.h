@@ -106,8 +106,8 @@ const char* decode_kernel_target();
 /// How the direct path reads a position-major cache with several kv heads: `copy` first copies
 /// each tile (every head of its positions, in memory order, in the cache's dtype) into a
 /// contiguous buffer that the blocks of rows then read; `in_place` reads the rows where they
-/// lie. `automatic` copies on AVX2, and on the wider targets when the L1 data cache is at most
-/// 32 KiB (decode.cpp, "Copied tiles", gives the measurements behind the rule). Every sum runs
+/// lie. `automatic` copies when the L1 data cache is at most 32 KiB, on every target (decode.cpp,
+/// "Copied tiles", gives the measurements behind the rule). Every sum runs
 /// in the same order either way, so the results are bit-identical.
 enum class DecodeTileRead { automatic, copy, in_place };
 
@@ -116,7 +116,7 @@ enum class DecodeTileRead { automatic, copy, in_place };
 DecodeTileRead set_decode_tile_read(DecodeTileRead rule);
 
 /// Whether a direct-path call over a position-major cache copies its tiles under the current
-/// rule, on an AVX2 target (`avx2`) or a wider one.
-bool decode_copies_tiles(bool avx2);
+/// rule.
+bool decode_copies_tiles();
 
 }  // namespace sdpa::detail
