@@ -518,34 +518,44 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const Tc* HWY_RESTRICT src) {
   }
 }
 
-// out[r] = the scores of query rows q + r * ldq (r < R) against the K keys kp[0..K): lane j of
-// out[r] is q_r . k_j, for K = N. Each K vector is loaded once and feeds the R rows; the
-// transpose-and-add tree of LaneTree is evaluated depth first (log2 K + 1 partial vectors per row
-// live: 21 registers at R = 4 on AVX-512). The leaves come in pairs of keys: one key alone gives
-// R chains of dependent FMAs (4 at R = 4, too few to fill two FMA pipes of 4 cycles' latency)
-// and loads each q vector for one FMA. Same bits; paired against single leaves (Zen 5, Hq 32,
-// Hkv 8, E 128, S 32768, 2 threads, bfloat16 cache unless said): AVX2 code 1.03x, float32
-// cache 1.09x, tiles copied 1.02x (float32 1.04x), Hkv 2 1.06x; AVX3_DL code 1.03x at E = 64,
-// 1.01x copying, float32 0.98x (inside the noise).
+// Keeps v in a register: GCC otherwise folds a vector loaded for two FMAs into each of them as a
+// memory operand, two loads instead of one. Applied on the AVX-512 targets, where the registers
+// are there to hold it (on AVX2 the leaves below measured 0.95-1.05x with it: not applied).
+template <class V>
+HWY_INLINE void InRegister(V& v) {
+#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
+    (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
+// out[r] = the lanes to be summed for q_r . k_j, the scores of query rows q + r * ldq (r < R)
+// against the K keys kp[0..K) (K = 1 or 2): for one key, the R vertical accumulators along E;
+// for two, the first level of the transpose-and-add tree (LaneTree) over the pair. Each K vector
+// is loaded once and feeds the R rows. Two keys at once give 2 R independent FMA chains (one key
+// gives R = 4, too few to fill two FMA pipes of 4 cycles' latency) and load each q vector once
+// for both keys.
 template <size_t K, int R, int kC>
-struct RowsKeyTree {
+struct KeyLeaves {
+  static_assert(K == 1 || K == 2);
   template <class D, typename Tc>
   static HWY_INLINE void Run(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                              const Tc* const* kp, int64_t C_rt, hn::Vec<D>* out) {
     using V = hn::Vec<D>;
+    constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
+    const int64_t C = kC > 0 ? kC : C_rt;
 #if HWY_TARGET != HWY_SCALAR
     if constexpr (K == 2) {
-      // The two leaves at once, the same chains as two calls of K = 1: 2 R independent FMA
-      // chains, each q vector loaded once for both keys.
-      const int64_t C = kC > 0 ? kC : C_rt;
-      constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
       const Tc* HWY_RESTRICT k0 = kp[0];
       const Tc* HWY_RESTRICT k1 = kp[1];
       V lo[R], hi[R];
       {
         const V kv0 = LoadRow(d, k0), kv1 = LoadRow(d, k1);
         for (int r = 0; r < R; ++r) {
-          const V qv = hn::LoadU(d, q + r * ldq);
+          V qv = hn::LoadU(d, q + r * ldq);
+          InRegister(qv);
           lo[r] = hn::Mul(qv, kv0);
           hi[r] = hn::Mul(qv, kv1);
         }
@@ -553,7 +563,8 @@ struct RowsKeyTree {
       for (int64_t c = 1; c < C; ++c) {
         const V kv0 = LoadRow(d, k0 + c * NN), kv1 = LoadRow(d, k1 + c * NN);
         for (int r = 0; r < R; ++r) {
-          const V qv = hn::LoadU(d, q + r * ldq + c * NN);
+          V qv = hn::LoadU(d, q + r * ldq + c * NN);
+          InRegister(qv);
           lo[r] = hn::MulAdd(qv, kv0, lo[r]);
           hi[r] = hn::MulAdd(qv, kv1, hi[r]);
         }
@@ -563,18 +574,7 @@ struct RowsKeyTree {
       }
       return;
     }
-    if constexpr (K > 1) {
-      V lo[R], hi[R];
-      RowsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp, C_rt, lo);
-      RowsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp + K / 2, C_rt, hi);
-      for (int r = 0; r < R; ++r) {
-        out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
-      }
-      return;
-    }
 #endif
-    constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
-    const int64_t C = kC > 0 ? kC : C_rt;
     const Tc* HWY_RESTRICT k = kp[0];
     V a[R];
     {
@@ -590,20 +590,53 @@ struct RowsKeyTree {
 };
 
 // s[r * kDecodeTile + j] = q_r . k_j for the R rows and the kDecodeTile keys kp[j]. All R rows
-// at once on every target, so that each K vector is loaded (and a 16-bit one widened) once: with
-// 16 registers (AVX2) the tree of four rows needs 17 and spills one, which costs far less than
-// reading and widening K twice in two blocks of two rows. One AVX2 thread of an AMD EPYC family
-// 23, per key and kv head of four rows: the scores alone (K in L1/L2) float32 58-90 -> 44 ns,
-// bfloat16 70 -> 47 ns; the whole call with K/V in L2 (S = 128) float32 139 -> 119 ns, bfloat16
-// 152 -> 128 ns; from memory (S = 32768) no change measurable (there the V loads stall).
+// at once on every target, so that each K vector is loaded (and a 16-bit one widened) once. Per
+// N keys (N = lanes): the N / 2 pairs' leaves (KeyLeaves<2>) go to a small buffer, then the
+// transpose-and-add tree's remaining levels run over it, level by level (the same operations on
+// the same operands as depth first: the same bits). Depth first, the partial vectors held while
+// the next leaves ran spilled on AVX2 (16 registers), and GCC folded the q loads into the FMAs
+// to spare registers. One AVX2 thread of an AMD EPYC family 23, per key and kv head of four
+// rows (before the pairs): the scores alone (K in L1/L2) float32 58-90 -> 44 ns, bfloat16 70 ->
+// 47 ns with all R rows at once instead of two blocks of two. Zen 5, Hq 32, Hkv 8, E 128,
+// S 32768, 2 threads, paired in one process, output bit-identical: leaves in pairs (depth
+// first) against single keys, AVX2 code 1.03x (bfloat16 cache), 1.09x (float32), AVX3_DL 1.03x
+// (E = 64), 0.98x (float32); then level by level against depth first, AVX2 code 1.02x (bfloat16
+// and float32), AVX3_DL 1.09x (bfloat16), 1.15x (float32); then InRegister on AVX3_DL, 1.09-1.15x
+// over a bfloat16 cache (in place, one thread, copied), 1.01x float16, 0.99x at E = 64.
 template <int R, int kC, class D, typename Tc>
 HWY_INLINE void TileScores(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                            const Tc* const* kp, int64_t C, hn::TFromD<D>* HWY_RESTRICT s) {
   constexpr size_t N = hn::MaxLanes(D());
-  for (int64_t j = 0; j < kDecodeTile; j += static_cast<int64_t>(N)) {
-    hn::Vec<D> out[R];
-    RowsKeyTree<N, R, kC>::Run(d, q, ldq, kp + j, C, out);
-    for (int r = 0; r < R; ++r) hn::StoreU(out[r], d, s + r * kDecodeTile + j);
+  if constexpr (N == 1) {
+    for (int64_t j = 0; j < kDecodeTile; ++j) {
+      hn::Vec<D> out[R];
+      KeyLeaves<1, R, kC>::Run(d, q, ldq, kp + j, C, out);
+      for (int r = 0; r < R; ++r) hn::StoreU(out[r], d, s + r * kDecodeTile + j);
+    }
+  } else {
+#if HWY_TARGET != HWY_SCALAR
+    constexpr size_t P = N / 2;
+    HWY_ALIGN hn::TFromD<D> level[P][R][N];
+    for (int64_t j = 0; j < kDecodeTile; j += static_cast<int64_t>(N)) {
+      for (size_t i = 0; i < P; ++i) {
+        hn::Vec<D> out[R];
+        KeyLeaves<2, R, kC>::Run(d, q, ldq, kp + j + 2 * static_cast<int64_t>(i), C, out);
+        for (int r = 0; r < R; ++r) hn::Store(out[r], d, level[i][r]);
+      }
+      // Node i of the next level from nodes 2i (lo) and 2i + 1 (hi), written over node i.
+      for (size_t n = P; n > 1; n /= 2) {
+        for (size_t i = 0; i < n / 2; ++i) {
+          for (int r = 0; r < R; ++r) {
+            const auto lo = hn::Load(d, level[2 * i][r]), hi = hn::Load(d, level[2 * i + 1][r]);
+            hn::Store(hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo)), d, level[i][r]);
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        hn::StoreU(hn::Load(d, level[0][r]), d, s + r * kDecodeTile + j);
+      }
+    }
+#endif
   }
 }
 
@@ -825,7 +858,7 @@ SDPA_PAIRS_ATTR HWY_INLINE __m512 Dp(__m512 acc, __m512i a, __m512i b) {
 constexpr int64_t Interleaved(int64_t i, bool hi) { return 8 * (i / 4) + (hi ? 4 : 0) + i % 4; }
 
 // The scores of R rows (bfloat16 q at q + r * ldq) against keys kp[0..K) in one vector per row
-// (lane j: q_r . k_j, unscaled), the tree of Tree evaluated depth first as in RowsKeyTree.
+// (lane j: q_r . k_j, unscaled), the tree of LaneTree evaluated depth first.
 template <size_t K, int R, int kC>
 struct PairsKeyTree {
   template <class D>
