@@ -519,11 +519,10 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const Tc* HWY_RESTRICT src) {
 }
 
 // Keeps v in a register: GCC otherwise folds a vector loaded for two FMAs into each of them as a
-// memory operand, two loads instead of one. Applied on the AVX-512 targets, where the registers
-// are there to hold it (on AVX2 the leaves below measured 0.95-1.05x with it: not applied).
+// memory operand, two loads instead of one (on AVX2 to spare registers, on AVX-512 by choice).
 template <class V>
 HWY_INLINE void InRegister(V& v) {
-#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
+#if (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
     (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
   asm("" : "+v"(v.raw));
 #else
@@ -601,8 +600,10 @@ struct KeyLeaves {
 // S 32768, 2 threads, paired in one process, output bit-identical: leaves in pairs (depth
 // first) against single keys, AVX2 code 1.03x (bfloat16 cache), 1.09x (float32), AVX3_DL 1.03x
 // (E = 64), 0.98x (float32); then level by level against depth first, AVX2 code 1.02x (bfloat16
-// and float32), AVX3_DL 1.09x (bfloat16), 1.15x (float32); then InRegister on AVX3_DL, 1.09-1.15x
-// over a bfloat16 cache (in place, one thread, copied), 1.01x float16, 0.99x at E = 64.
+// and float32), AVX3_DL 1.09x (bfloat16), 1.15x (float32); then InRegister, AVX3_DL 1.09-1.15x
+// over a bfloat16 cache (in place, one thread, copied), 1.01x float16, 0.99x at E = 64; AVX2
+// code 1.07x bfloat16 (one thread 1.07x, copied 1.04x, E = 64 1.06x), 1.06x float32, 1.04x
+// float16 (the null comparison, both sides the same code: 0.996-1.007).
 template <int R, int kC, class D, typename Tc>
 HWY_INLINE void TileScores(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                            const Tc* const* kp, int64_t C, hn::TFromD<D>* HWY_RESTRICT s) {
