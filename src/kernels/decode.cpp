@@ -597,13 +597,13 @@ struct KeyLeaves {
 // to spare registers. One AVX2 thread of an AMD EPYC family 23, per key and kv head of four
 // rows (before the pairs): the scores alone (K in L1/L2) float32 58-90 -> 44 ns, bfloat16 70 ->
 // 47 ns with all R rows at once instead of two blocks of two. Zen 5, Hq 32, Hkv 8, E 128,
-// S 32768, 2 threads, paired in one process, output bit-identical: leaves in pairs (depth
-// first) against single keys, AVX2 code 1.03x (bfloat16 cache), 1.09x (float32), AVX3_DL 1.03x
-// (E = 64), 0.98x (float32); then level by level against depth first, AVX2 code 1.02x (bfloat16
-// and float32), AVX3_DL 1.09x (bfloat16), 1.15x (float32); then InRegister, AVX3_DL 1.09-1.15x
-// over a bfloat16 cache (in place, one thread, copied), 1.01x float16, 0.99x at E = 64; AVX2
-// code 1.07x bfloat16 (one thread 1.07x, copied 1.04x, E = 64 1.06x), 1.06x float32, 1.04x
-// float16 (the null comparison, both sides the same code: 0.996-1.007).
+// S 32768, 2 threads unless said, output bit-identical: leaves in pairs (depth first) against
+// single keys, paired in one process, AVX2 code 1.03x (bfloat16 cache), 1.09x (float32).
+// Then this (level by level, InRegister) against the pairs depth first, the two compiled as
+// separate instances chosen per work item, paired in one process: AVX2 code 1.11x over a
+// bfloat16 cache (one thread 1.16x, copied tiles 1.13x), 1.03x float32; AVX3_DL 1.05x bfloat16
+// (one thread 1.05x), 1.10x float32. Separate binaries, three alternations of a driver over four
+// caches: AVX2 code 7.3-8.0 -> 6.5-6.7 ms (bfloat16), AVX3_DL 5.8-6.4 -> 5.9-6.2 ms.
 template <int R, int kC, class D, typename Tc>
 HWY_INLINE void TileScores(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                            const Tc* const* kp, int64_t C, hn::TFromD<D>* HWY_RESTRICT s) {
