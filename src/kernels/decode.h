@@ -107,8 +107,8 @@ const char* decode_kernel_target();
 /// each tile (every head of its positions, in memory order, in the cache's dtype) into a
 /// contiguous buffer that the blocks of rows then read; `in_place` reads the rows where they
 /// lie. `automatic` copies when the L1 data cache is at most 32 KiB, on every target (decode.cpp,
-/// "Copied tiles", gives the measurements behind the rule). Every sum runs
-/// in the same order either way, so the results are bit-identical.
+/// "Copied tiles", gives the measurements behind the rule). Every sum runs in the same order
+/// either way, so the results are bit-identical.
 enum class DecodeTileRead { automatic, copy, in_place };
 
 /// Sets the rule for the calls that start after it (benchmarks and tests); returns the previous
