@@ -530,67 +530,51 @@ HWY_INLINE void InRegister(V& v) {
 #endif
 }
 
-// out[r] = the lanes to be summed for q_r . k_j, the scores of query rows q + r * ldq (r < R)
-// against the K keys kp[0..K) (K = 1 or 2): for one key, the R vertical accumulators along E;
-// for two, the first level of the transpose-and-add tree (LaneTree) over the pair. Each K vector
+// out[r] = the first level of the transpose-and-add tree (LaneTree) for q_r . k_0 and q_r . k_1,
+// the scores of query rows q + r * ldq (r < R) against the two keys kp[0], kp[1]. Each K vector
 // is loaded once and feeds the R rows. Two keys at once give 2 R independent FMA chains (one key
 // gives R = 4, too few to fill two FMA pipes of 4 cycles' latency) and load each q vector once
 // for both keys.
-template <size_t K, int R, int kC>
-struct KeyLeaves {
-  static_assert(K == 1 || K == 2);
+template <int R, int kC>
+struct PairLeaves {
   template <class D, typename Tc>
   static HWY_INLINE void Run(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                              const Tc* const* kp, int64_t C_rt, hn::Vec<D>* out) {
+#if HWY_TARGET != HWY_SCALAR
     using V = hn::Vec<D>;
     constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
     const int64_t C = kC > 0 ? kC : C_rt;
-#if HWY_TARGET != HWY_SCALAR
-    if constexpr (K == 2) {
-      const Tc* HWY_RESTRICT k0 = kp[0];
-      const Tc* HWY_RESTRICT k1 = kp[1];
-      V lo[R], hi[R];
-      {
-        const V kv0 = LoadRow(d, k0), kv1 = LoadRow(d, k1);
-        for (int r = 0; r < R; ++r) {
-          V qv = hn::LoadU(d, q + r * ldq);
-          InRegister(qv);
-          lo[r] = hn::Mul(qv, kv0);
-          hi[r] = hn::Mul(qv, kv1);
-        }
-      }
-      for (int64_t c = 1; c < C; ++c) {
-        const V kv0 = LoadRow(d, k0 + c * NN), kv1 = LoadRow(d, k1 + c * NN);
-        for (int r = 0; r < R; ++r) {
-          V qv = hn::LoadU(d, q + r * ldq + c * NN);
-          InRegister(qv);
-          lo[r] = hn::MulAdd(qv, kv0, lo[r]);
-          hi[r] = hn::MulAdd(qv, kv1, hi[r]);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
-      }
-      return;
-    }
-#endif
-    const Tc* HWY_RESTRICT k = kp[0];
-    V a[R];
+    const Tc* HWY_RESTRICT k0 = kp[0];
+    const Tc* HWY_RESTRICT k1 = kp[1];
+    V lo[R], hi[R];
     {
-      const V kv = LoadRow(d, k);
-      for (int r = 0; r < R; ++r) a[r] = hn::Mul(hn::LoadU(d, q + r * ldq), kv);
+      const V kv0 = LoadRow(d, k0), kv1 = LoadRow(d, k1);
+      for (int r = 0; r < R; ++r) {
+        V qv = hn::LoadU(d, q + r * ldq);
+        InRegister(qv);
+        lo[r] = hn::Mul(qv, kv0);
+        hi[r] = hn::Mul(qv, kv1);
+      }
     }
     for (int64_t c = 1; c < C; ++c) {
-      const V kv = LoadRow(d, k + c * NN);
-      for (int r = 0; r < R; ++r) a[r] = hn::MulAdd(hn::LoadU(d, q + r * ldq + c * NN), kv, a[r]);
+      const V kv0 = LoadRow(d, k0 + c * NN), kv1 = LoadRow(d, k1 + c * NN);
+      for (int r = 0; r < R; ++r) {
+        V qv = hn::LoadU(d, q + r * ldq + c * NN);
+        InRegister(qv);
+        lo[r] = hn::MulAdd(qv, kv0, lo[r]);
+        hi[r] = hn::MulAdd(qv, kv1, hi[r]);
+      }
     }
-    for (int r = 0; r < R; ++r) out[r] = a[r];
+    for (int r = 0; r < R; ++r) {
+      out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
+    }
+#endif
   }
 };
 
 // s[r * kDecodeTile + j] = q_r . k_j for the R rows and the kDecodeTile keys kp[j]. All R rows
 // at once on every target, so that each K vector is loaded (and a 16-bit one widened) once. Per
-// N keys (N = lanes): the N / 2 pairs' leaves (KeyLeaves<2>) go to a small buffer, then the
+// N keys (N = lanes): the N / 2 pairs' leaves (PairLeaves) go to a small buffer, then the
 // transpose-and-add tree's remaining levels run over it, level by level (the same operations on
 // the same operands as depth first: the same bits). Depth first, the partial vectors held while
 // the next leaves ran spilled on AVX2 (16 registers), and GCC folded the q loads into the FMAs
@@ -607,38 +591,29 @@ struct KeyLeaves {
 template <int R, int kC, class D, typename Tc>
 HWY_INLINE void TileScores(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq,
                            const Tc* const* kp, int64_t C, hn::TFromD<D>* HWY_RESTRICT s) {
-  constexpr size_t N = hn::MaxLanes(D());
-  if constexpr (N == 1) {
-    for (int64_t j = 0; j < kDecodeTile; ++j) {
-      hn::Vec<D> out[R];
-      KeyLeaves<1, R, kC>::Run(d, q, ldq, kp + j, C, out);
-      for (int r = 0; r < R; ++r) hn::StoreU(out[r], d, s + r * kDecodeTile + j);
-    }
-  } else {
 #if HWY_TARGET != HWY_SCALAR
-    constexpr size_t P = N / 2;
-    HWY_ALIGN hn::TFromD<D> level[P][R][N];
-    for (int64_t j = 0; j < kDecodeTile; j += static_cast<int64_t>(N)) {
-      for (size_t i = 0; i < P; ++i) {
-        hn::Vec<D> out[R];
-        KeyLeaves<2, R, kC>::Run(d, q, ldq, kp + j + 2 * static_cast<int64_t>(i), C, out);
-        for (int r = 0; r < R; ++r) hn::Store(out[r], d, level[i][r]);
-      }
-      // Node i of the next level from nodes 2i (lo) and 2i + 1 (hi), written over node i.
-      for (size_t n = P; n > 1; n /= 2) {
-        for (size_t i = 0; i < n / 2; ++i) {
-          for (int r = 0; r < R; ++r) {
-            const auto lo = hn::Load(d, level[2 * i][r]), hi = hn::Load(d, level[2 * i + 1][r]);
-            hn::Store(hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo)), d, level[i][r]);
-          }
+  constexpr size_t N = hn::MaxLanes(D());
+  static_assert(N >= 2, "the direct path runs on the SIMD targets only (kDirectTarget)");
+  constexpr size_t P = N / 2;
+  HWY_ALIGN hn::TFromD<D> level[P][R][N];
+  for (int64_t j = 0; j < kDecodeTile; j += static_cast<int64_t>(N)) {
+    for (size_t i = 0; i < P; ++i) {
+      hn::Vec<D> out[R];
+      PairLeaves<R, kC>::Run(d, q, ldq, kp + j + 2 * static_cast<int64_t>(i), C, out);
+      for (int r = 0; r < R; ++r) hn::Store(out[r], d, level[i][r]);
+    }
+    // Node i of the next level from nodes 2i (lo) and 2i + 1 (hi), written over node i.
+    for (size_t n = P; n > 1; n /= 2) {
+      for (size_t i = 0; i < n / 2; ++i) {
+        for (int r = 0; r < R; ++r) {
+          const auto lo = hn::Load(d, level[2 * i][r]), hi = hn::Load(d, level[2 * i + 1][r]);
+          hn::Store(hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo)), d, level[i][r]);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        hn::StoreU(hn::Load(d, level[0][r]), d, s + r * kDecodeTile + j);
-      }
     }
-#endif
+    for (int r = 0; r < R; ++r) hn::StoreU(hn::Load(d, level[0][r]), d, s + r * kDecodeTile + j);
   }
+#endif
 }
 
 // Vectors of acc per row kept in registers by TilePV: R * W accumulators, W value vectors and a
