@@ -95,6 +95,15 @@ using std::size_t;
 template <typename T>
 constexpr T kDecodeNegInf = -std::numeric_limits<T>::infinity();
 
+// One level of LaneTree's transpose-and-add tree (gemm-inl.h): lane i of the result sums lanes
+// 2i and 2i + 1 of the concatenation lo, hi.
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class V>
+HWY_INLINE V TreeLevel(D d, V lo, V hi) {
+  return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
+}
+#endif
+
 // The tree of LaneTree (gemm-inl.h), evaluated depth first while the K keys' products are formed,
 // so that at most log2(K) + 1 partial vectors are live (the 16 accumulators of all keys at once
 // spill on AVX-512 next to the 8 vectors of q).
@@ -107,7 +116,7 @@ struct KeyTree {
       constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
       const V lo = KeyTree<K / 2, kC>::Run(d, qv, kt);
       const V hi = KeyTree<K / 2, kC>::Run(d, qv, kt + static_cast<int64_t>(K / 2) * kC * NN);
-      return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
+      return TreeLevel(d, lo, hi);
     }
 #endif
     constexpr int64_t NN = static_cast<int64_t>(hn::MaxLanes(D()));
@@ -566,7 +575,7 @@ struct PairLeaves {
       }
     }
     for (int r = 0; r < R; ++r) {
-      out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
+      out[r] = TreeLevel(d, lo[r], hi[r]);
     }
 #endif
   }
@@ -607,7 +616,7 @@ HWY_INLINE void TileScores(D d, const hn::TFromD<D>* HWY_RESTRICT q, int64_t ldq
       for (size_t i = 0; i < n / 2; ++i) {
         for (int r = 0; r < R; ++r) {
           const auto lo = hn::Load(d, level[2 * i][r]), hi = hn::Load(d, level[2 * i + 1][r]);
-          hn::Store(hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo)), d, level[i][r]);
+          hn::Store(TreeLevel(d, lo, hi), d, level[i][r]);
         }
       }
     }
@@ -847,7 +856,7 @@ struct PairsKeyTree {
       PairsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp, C_rt, lo);
       PairsKeyTree<K / 2, R, kC>::Run(d, q, ldq, kp + K / 2, C_rt, hi);
       for (int r = 0; r < R; ++r) {
-        out[r] = hn::Add(hn::ConcatEven(d, hi[r], lo[r]), hn::ConcatOdd(d, hi[r], lo[r]));
+        out[r] = TreeLevel(d, lo[r], hi[r]);
       }
     } else {
       const int64_t C = kC > 0 ? kC : C_rt;  // vectors of 32 bfloat16 per row
