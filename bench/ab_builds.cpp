@@ -90,9 +90,11 @@ Array RandomNormal(const std::vector<std::int64_t>& shape, DType dtype, std::uin
   return dtype == DType::float32 ? std::move(a) : a.astype(dtype);
 }
 
+// The dtype that sdpa::dtype_name spells `name` (one of the --dtype choices).
 DType ParseDType(const std::string& name) {
-  if (name == "float16") return DType::float16;
-  if (name == "bfloat16") return DType::bfloat16;
+  for (const DType dtype : {DType::float16, DType::bfloat16}) {
+    if (name == sdpa::dtype_name(dtype)) return dtype;
+  }
   return DType::float32;
 }
 

@@ -82,7 +82,7 @@
 // Must come after foreach_target.h.
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "kernels/gemm-inl.h"  // RowMax, ExpShiftSum (n % Lanes == 0)
+#include "kernels/gemm-inl.h"  // RowMax, ExpShiftSum (n % Lanes == 0), TreeLevel
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail::HWY_NAMESPACE {
@@ -94,15 +94,6 @@ using std::size_t;
 
 template <typename T>
 constexpr T kDecodeNegInf = -std::numeric_limits<T>::infinity();
-
-// One level of LaneTree's transpose-and-add tree (gemm-inl.h): lane i of the result sums lanes
-// 2i and 2i + 1 of the concatenation lo, hi.
-#if HWY_TARGET != HWY_SCALAR
-template <class D, class V>
-HWY_INLINE V TreeLevel(D d, V lo, V hi) {
-  return hn::Add(hn::ConcatEven(d, hi, lo), hn::ConcatOdd(d, hi, lo));
-}
-#endif
 
 // The tree of LaneTree (gemm-inl.h), evaluated depth first while the K keys' products are formed,
 // so that at most log2(K) + 1 partial vectors are live (the 16 accumulators of all keys at once

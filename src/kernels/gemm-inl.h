@@ -189,6 +189,16 @@ HWY_INLINE bool AllFinite(const T* HWY_RESTRICT x, std::int64_t n) {
   return !std::isnan(hn::GetLane(hn::SumOfLanes(d, acc)) + tail);
 }
 
+#if HWY_TARGET != HWY_SCALAR
+/// One node of LaneTree: lane i of the result reduces (sum, or maximum with kMax) lanes 2i and
+/// 2i + 1 of the concatenation lo, hi.
+template <bool kMax = false, class D, class V>
+HWY_INLINE V TreeLevel(D d, V lo, V hi) {
+  const V even = hn::ConcatEven(d, hi, lo), odd = hn::ConcatOdd(d, hi, lo);
+  return kMax ? hn::Max(even, odd) : hn::Add(even, odd);
+}
+#endif
+
 /// a[0..K) reduced to one vector whose N / K consecutive lanes per input hold the reductions
 /// (sums, or maxima with kMax) of that input's lanes, in input order; K = N (the lane count)
 /// gives lane j = the reduction of a[j]. Each node puts the pairwise results of its lower
@@ -203,8 +213,7 @@ struct LaneTree {
   template <class D, class V>
   static HWY_INLINE V Run(D d, const V* a) {
     const V lo = LaneTree<K / 2, kMax>::Run(d, a), hi = LaneTree<K / 2, kMax>::Run(d, a + K / 2);
-    const V even = hn::ConcatEven(d, hi, lo), odd = hn::ConcatOdd(d, hi, lo);
-    return kMax ? hn::Max(even, odd) : hn::Add(even, odd);
+    return TreeLevel<kMax>(d, lo, hi);
   }
 #endif
 };
