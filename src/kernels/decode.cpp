@@ -1424,9 +1424,11 @@ void DecodeT(const DecodeProblem& p) {
   };
   // One thread runs the work outside any parallel region: its loops then need no barrier, and
   // each of a region's three barriers costs a futex call (libgomp), ~2 us of a short call. Not
-  // when the caller is inside an active region (one call per thread of the caller's team): there
-  // the loops would bind to the caller's team and share out the iterations of each thread's call.
-  if (p.threads == 1 && !omp_in_parallel()) {
+  // when the caller is inside a region, active or not (omp_get_level() counts both): the loops
+  // would bind to the caller's team, and there share out the iterations of each thread's call
+  // (an active team) or, nested in the caller's own worksharing loop (a team of one thread, e.g.
+  // `parallel for num_threads(1)`), be skipped after its first call.
+  if (p.threads == 1 && omp_get_level() == 0) {
     work();
   } else {
 #pragma omp parallel num_threads(p.threads)

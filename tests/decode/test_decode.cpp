@@ -762,6 +762,36 @@ TEST(DecodeForward, OneThreadCallsInsideTheCallersParallelRegion) {
   }
 }
 
+// The same from an inactive region: a worksharing loop of a team of one thread (what
+// `parallel for num_threads(n)` gives when n is 1), several one-thread calls per iteration of
+// the caller's loop. Each call's own loops must run every one of its items.
+TEST(DecodeForward, OneThreadCallsInsideTheCallersLoopOfOneThread) {
+  constexpr int kCallers = 4;
+  std::vector<Array> q, k, v, alone, inside;
+  sdpa::AttentionOptions o;
+  o.threads = 1;
+  for (int c = 0; c < kCallers; ++c) {
+    q.push_back(random_array(DType::float64, {1, 2, 7, 8}, 40 + 3 * c));
+    k.push_back(random_array(DType::float64, {1, 2, 600 + 100 * c, 8}, 41 + 3 * c));
+    v.push_back(random_array(DType::float64, {1, 2, 600 + 100 * c, 8}, 42 + 3 * c));
+    alone.emplace_back(DType::float64, std::vector<std::int64_t>{1, 2, 7, 8});
+    sdpa::attention_forward(q[c], k[c], v[c], nullptr, o, alone[c].mut());
+    inside.emplace_back(DType::float64, std::vector<std::int64_t>{1, 2, 7, 8});
+    std::fill_n(inside[c].data_as<double>(), inside[c].numel(), -1.0);
+  }
+  int level = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(1)
+  for (int c = 0; c < kCallers; ++c) {
+    if (c == 0) level = omp_get_level();
+    sdpa::attention_forward(q[c], k[c], v[c], nullptr, o, inside[c].mut());
+  }
+  ASSERT_EQ(level, 1);
+  for (int c = 0; c < kCallers; ++c) {
+    EXPECT_EQ(std::memcmp(inside[c].data(), alone[c].data(), alone[c].nbytes()), 0)
+        << "call " << c;
+  }
+}
+
 TEST(DecodeForward, ChunkRuleIsFixed) {
   // At most 16 chunks of at least 512 keys, a multiple of the tile; independent of threads.
   EXPECT_EQ(sdpa::detail::decode_chunk_keys(0), 512);

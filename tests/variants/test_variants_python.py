@@ -176,23 +176,27 @@ def pack(lengths, H, E, seed):
     {},
     {"causal": True},
     {"window_size": (7, 2), "softcap": 2.0, "sinks": np.array([0.2, -0.4, 1.0, 0.0])},
-    {"alibi_slopes": np.arange(1, 13).reshape(3, 4) / 20.0, "causal": "upper-left"},
+    {"alibi_slopes": np.arange(1, 17).reshape(4, 4) / 20.0, "causal": "upper-left"},
 ])
-def test_varlen_is_each_sequence_on_its_own(kw):
-    lq, lk = [5, 0, 70], [9, 4, 140]
+@pytest.mark.parametrize("threads", [1, 2])
+def test_varlen_is_each_sequence_on_its_own(kw, threads):
+    # Two short sequences (the decode kernel's, without variants) run one after the other on a
+    # thread: with threads=1 inside a loop of a team of one.
+    lq, lk = [5, 0, 70, 3], [9, 4, 140, 30]
     q, cu_q = pack(lq, 4, 8, 11)
     k, cu_k = pack(lk, 2, 8, 12)
     v, _ = pack(lk, 2, 8, 13)
     g, _ = pack(lq, 4, 8, 14)
-    out, lse = sdpa.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True, **kw)
+    out, lse = sdpa.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True,
+                                     threads=threads, **kw)
     grads = sdpa.attention_varlen_backward(q, k, v, cu_q, cu_k, max(lq), max(lk), out, lse, g,
-                                           **kw)
+                                           threads=threads, **kw)
     sinks = kw.get("sinks")
     ts = None if sinks is None else torch.tensor(sinks, requires_grad=True)
     causal = kw.get("causal", False)
     causal = "lower-right" if causal is True else ("none" if causal is False else causal)
     want_dk, want_dv = np.zeros_like(k), np.zeros_like(v)
-    for b in range(3):
+    for b in range(len(lq)):
         sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         tq, tk, tv = (torch.tensor(a[s].transpose(1, 0, 2)[None], requires_grad=True)
                       for a, s in ((q, sq), (k, sk), (v, sk)))
