@@ -787,8 +787,7 @@ TEST(DecodeForward, OneThreadCallsInsideTheCallersLoopOfOneThread) {
   }
   ASSERT_EQ(level, 1);
   for (int c = 0; c < kCallers; ++c) {
-    EXPECT_EQ(std::memcmp(inside[c].data(), alone[c].data(), alone[c].nbytes()), 0)
-        << "call " << c;
+    EXPECT_EQ(std::memcmp(inside[c].data(), alone[c].data(), alone[c].nbytes()), 0) << "call " << c;
   }
 }
 
