@@ -78,6 +78,18 @@ std::int64_t product(const std::vector<std::int64_t>& shape) {
 std::int64_t TensorRef::numel() const { return product(shape); }
 std::int64_t MutableTensorRef::numel() const { return product(shape); }
 
+namespace detail {
+namespace {
+thread_local bool t_lse_over_more_keys = false;
+}  // namespace
+
+ScopedLseOverMoreKeys::ScopedLseOverMoreKeys() : previous_(t_lse_over_more_keys) {
+  t_lse_over_more_keys = true;
+}
+ScopedLseOverMoreKeys::~ScopedLseOverMoreKeys() { t_lse_over_more_keys = previous_; }
+bool lse_over_more_keys_in_scope() { return t_lse_over_more_keys; }
+}  // namespace detail
+
 const char* causal_name(Causal causal) {
   switch (causal) {
     case Causal::none:
@@ -171,8 +183,7 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
   // The decode kernel verifies its float32 results itself and recomputes the rows that
   // overflowed (kernels/decode.cpp): the bound below would read all of K and V, as much memory
   // as such a call's whole work.
-  const bool decode = requested == Impl::fast && grad_out == nullptr && detail::decode_applies(p) &&
-                      !p.variants.any();
+  const bool decode = requested == Impl::fast && grad_out == nullptr && detail::decode_applies(p);
   if (requested != Impl::reference && p.dtype == DType::float32 && !decode &&
       detail::float32_may_overflow(p, grad_out)) {
     return Impl::reference;
@@ -267,7 +278,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
     if (lse != nullptr) l.emplace(*lse, "lse", Copy::unless_flat, lead);
     detail::bind_forward(p, o.ref(), l ? &l->ref() : nullptr);
     if (impl == Impl::fast) {
-      if (detail::decode_applies(p) && !p.variants.any()) {
+      if (detail::decode_applies(p)) {
         detail::decode_forward(p);
       } else {
         detail::fast_forward(p);
@@ -361,6 +372,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       l(lse, "lse", Copy::unless_flat, lead), g(grad_out, "grad_out", Copy::unless_flat, lead);
   detail::Problem p =
       detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
+  p.lse_over_more_keys = detail::lse_over_more_keys_in_scope();
   {
     // Bound before the range guard, which reads grad_out through p.dout. The gradients are
     // bound to the caller's tensors only when written in place (below).

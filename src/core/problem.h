@@ -169,6 +169,10 @@ struct Problem {
   // gradients written.
   InputView fwd_out, fwd_lse, dout;
   OutputView dq, dk, dv;
+  // The backward's lse sums over more keys than this problem's (one block of a context-parallel
+  // ring: ScopedLseOverMoreKeys), so no row may be renormalised over this problem's keys for
+  // having had its forward on the decode kernel (kernels/flash.cpp).
+  bool lse_over_more_keys = false;
 
   /// Keys s with s <= last_causal_key(l) are allowed by the causal rule (all keys when
   /// causal is none). The result may be negative (no key) or >= S (every key).
@@ -194,6 +198,20 @@ struct Problem {
     return {std::min(first, S), std::max<std::int64_t>(last, -1)};
   }
 };
+
+/// While alive, attention_backward calls made on this thread take their lse as summed over more
+/// keys than the call's own (Problem::lse_over_more_keys): the ring's blocks.
+class ScopedLseOverMoreKeys {
+ public:
+  ScopedLseOverMoreKeys();
+  ~ScopedLseOverMoreKeys();
+  ScopedLseOverMoreKeys(const ScopedLseOverMoreKeys&) = delete;
+  ScopedLseOverMoreKeys& operator=(const ScopedLseOverMoreKeys&) = delete;
+
+ private:
+  bool previous_;
+};
+bool lse_over_more_keys_in_scope();
 
 /// Validates query/key/value/mask and the options, and fills a Problem (data pointers included).
 Problem resolve_problem(const TensorRef& query, const TensorRef& key, const TensorRef& value,

@@ -1630,7 +1630,7 @@ void decode_forward(const DecodeProblem& p) {
   }
 }
 
-bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries; }
+bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries && !p.variants.any(); }
 
 void decode_forward(const Problem& p) {
   DecodeProblem d;

@@ -93,7 +93,10 @@ struct DecodeProblem {
 /// best SIMD target.
 void decode_forward(const DecodeProblem& p);
 
-/// True when attention_forward's fast implementation hands `p` to the decode kernel.
+/// True when attention_forward's fast implementation hands `p` to the decode kernel: plain
+/// attention (no variant) with at most kDecodeMaxQueries query rows. The fused backward of such a
+/// problem renormalises every row (its scores round differently from the decode kernel's, so the
+/// forward's lse does not normalise them exactly; kernels/flash.cpp).
 bool decode_applies(const Problem& p);
 
 /// The decode kernel for an attention_forward problem: reads p.q, p.k, p.v and writes p.out and

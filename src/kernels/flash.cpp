@@ -53,9 +53,10 @@
 //
 // Backward. Recompute P = exp(S - lse) from the saved lse; D = rowsum(dO * O) once per row,
 // with the arithmetic of one element of the dP product (SequentialDot). A row whose lse cannot
-// normalise P (|lse| > 64 in float32, or NaN, or +inf: see kLseResolvable) first has its running
-// max and sum recomputed exactly as the forward computes them (RenormaliseQueryTile, one extra
-// product for its query tile only) and takes P = exp(S - m) / l. A row that sees no key
+// normalise P (|lse| > 64, or NaN, or +inf: see kLseResolvable), and every row of a
+// decode-sized problem (whose forward ran on the decode kernel), first has its running max and
+// sum recomputed exactly as the forward computes them (RenormaliseQueryTile, one extra product
+// for its query tile only) and takes P = exp(S - m) / l. A row that sees no key
 // (lse = -inf) is zeroed in the packed copies of scale * Q and dO. The work plan is a function
 // of the shape alone (PlanBackward, near the end of this file):
 //   one pass (B * Hkv >= 8, or a few key chunks per kv head whose partial dQ fit 16 MiB): work
@@ -118,6 +119,7 @@
 
 #include "core/half.h"
 #include "core/problem.h"
+#include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
 #include "kernels/gemm_bf16.h"
@@ -902,14 +904,15 @@ void ForwardBf16Native(const Problem& p) {
 // ---- backward --------------------------------------------------------------------------------
 
 // |lse| up to which P = exp(S - lse) is normalised well enough by the given lse. lse is rounded
-// to T, which multiplies every P of its row by up to exp(ulp(lse) / 2): below 2^6 in float32
-// (2^35 in float64) that is at most 2^-19, 16 epsilons. A row past it (a mask that shifts every
-// score by -1e9 or finfo.min leaves lse = -1e9 with log(sum) rounded away, so that exp(S - lse)
-// sums to up to S instead of 1), or one whose lse is +inf or NaN, has its running max m and sum
-// l recomputed from the inputs exactly as the forward computes them, and takes
-// P = exp(S - m) / l: the forward's own probabilities.
+// to T, which multiplies every P of its row by up to exp(ulp(lse) / 2), a relative error of
+// |lse| / 2 epsilons: up to 64 that is at most 32 epsilons of T, in float32 and float64 alike
+// (a bound in epsilons, not an absolute one: 2^-19 would be 2^34 float64 epsilons). A row past it
+// (a mask that shifts every score by -1e9 or finfo.min leaves lse = -1e9 with log(sum) rounded
+// away, so that exp(S - lse) sums to up to S instead of 1), or one whose lse is +inf or NaN, has
+// its running max m and sum l recomputed from the inputs exactly as the forward computes them, and
+// takes P = exp(S - m) / l: the forward's own probabilities.
 template <typename T>
-constexpr T kLseResolvable = T(std::uint64_t{1} << (std::numeric_limits<T>::digits - 18));
+constexpr T kLseResolvable = T(64);
 
 template <typename T>
 bool LseNormalises(T lse) {
@@ -1166,11 +1169,12 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
 // The running max m and sum l of each row of one query tile, recomputed over the key tiles the
 // tile sees with the forward's own arithmetic (the same products, masking and OnlineSoftmaxRows,
 // in the same order, so the forward's m and l bit for bit), for the rows whose lse does not
-// normalise P; see kLseResolvable.
+// normalise P (see kLseResolvable), or for every row that sees a key (every_row: the forward
+// ran on the decode kernel, see BackwardT).
 template <typename T>
 void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
-                          const BackwardScratch<T>& w, int64_t b, int64_t h, int64_t i, T* qs,
-                          T* shift, T* inv_sum) {
+                          const BackwardScratch<T>& w, int64_t b, int64_t h, int64_t i,
+                          bool every_row, T* qs, T* shift, T* inv_sum) {
   const int64_t l0 = i * kQueryTile, rows = std::min(kQueryTile, p.L - l0);
   const int64_t bh = b * p.Hkv + h / p.group, row0 = (b * p.Hq + h) * p.L + l0;
   const flash::TileSpan tiles = flash::key_tiles(p, l0, rows, kKeyTile);
@@ -1198,7 +1202,7 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
   const bool sinks = p.variants.sinks != nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     const T row_lse = *p.fwd_lse.row<T>(b, h, l0 + r);
-    if (row_lse == kNegInf<T> || LseNormalises(row_lse)) continue;
+    if (row_lse == kNegInf<T> || (!every_row && LseNormalises(row_lse))) continue;
     if (l[r] == T(0)) {  // sees no key after all: no gradient, and q must not leak into dK
       shift[row0 + r] = kNegInf<T>;
       std::fill_n(qs + (row0 + r) * sh.ldq, sh.ldq, T(0));
@@ -1457,6 +1461,14 @@ void BackwardT(const Problem& p, T* dsinks) {
     const int64_t bh = row / L;
     StoreRow(view, bh / p.Hq, bh % p.Hq, row % L, src, E, factor);
   };
+  // The fast forward of a decode-sized problem ran on the decode kernel, whose scores round
+  // differently from these (its sums over E go in another order): exp(S - lse) with its lse
+  // would not sum to 1 over a row (a row of one key would get P = exp(S - S') != 1, and dV an
+  // error of |S - S'| however exact the naive P = 1 is). Every row that sees a key is
+  // renormalised then, one extra product per query tile of at most kDecodeMaxQueries rows;
+  // not where the lse sums over more keys than the call's (a ring block), which the call
+  // cannot renormalise over.
+  const bool every_row = decode_applies(p) && !p.lse_over_more_keys;
   // A row that sees no key (lse = -inf) contributes nothing, but 0 * NaN would carry a NaN or
   // inf in its dO into dV: such rows are zeroed in a packed copy of dO (q is always copied).
   bool dout_dirty = false;
@@ -1613,7 +1625,7 @@ void BackwardT(const Problem& p, T* dsinks) {
           PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
         }
         shift[row] = row_lse;
-        any = any || !LseNormalises(row_lse);
+        any = any || every_row || !LseNormalises(row_lse);
       }
       renormalise[t] = any ? 1 : 0;
       if (amx_pairs) {  // Q^T and dO^T of the tile, pairs along its rows (zero: sees no key)
@@ -1651,7 +1663,8 @@ void BackwardT(const Problem& p, T* dsinks) {
     for (int64_t t = 0; t < BHq * nqt; ++t) {
       const int64_t bh = t / nqt;
       if (mem != nullptr && renormalise[t] != 0) {
-        RenormaliseQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, t % nqt, qs, shift, inv_sum);
+        RenormaliseQueryTile(p, sh, w, bh / p.Hq, bh % p.Hq, t % nqt, every_row, qs, shift,
+                             inv_sum);
       }
     }
     if (plan.chunks == 0) {

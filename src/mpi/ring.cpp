@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/problem.h"
 #include "mpi/detail.h"
 
 namespace sdpa::mpi::detail {
@@ -326,12 +327,12 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
 }
 
 // The fused backward recomputes P = exp(score - lse) from the lse it is given, except on rows
-// whose |lse| exceeds 64 in float32 (2^35 in float64; docs/kernel.md): those it renormalises
-// over the keys of the call, which for one block of the ring is not the global softmax. Such
-// rows (huge scores, or a mask that shifts a whole row by a huge value) are refused.
+// whose |lse| exceeds 64 (docs/kernel.md): those it renormalises over the keys of the call,
+// which for one block of the ring is not the global softmax. Such rows (huge scores, or a mask
+// that shifts a whole row by a huge value) are refused.
 template <class T>
 std::string check_lse_range(const TensorRef& lse) {
-  const double limit = sizeof(T) == 4 ? 64.0 : 34359738368.0;
+  const double limit = 64.0;
   const T* l = static_cast<const T*>(lse.data);
   for (std::int64_t i = 0; i < lse.numel(); ++i) {
     const double x = static_cast<double>(l[i]);
@@ -432,8 +433,11 @@ void backward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const 
       const MutableTensorRef dqt = scratch_tensor(4, lay.dtype, qt.ref.shape);
       const MutableTensorRef dkt = scratch_tensor(5, lay.dtype, kt.ref.shape);
       const MutableTensorRef dvt = scratch_tensor(6, lay.dtype, vt.ref.shape);
-      attention_backward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, ot.ref, lt.ref,
-                         dot.ref, o, dqt, dkt, dvt);
+      {
+        const sdpa::detail::ScopedLseOverMoreKeys global_lse;  // lt sums over every rank's keys
+        attention_backward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, ot.ref,
+                           lt.ref, dot.ref, o, dqt, dkt, dvt);
+      }
       add_into(dq_acc.parts[task.qi], qa, r0, dqt);
       add_into(dview.k[task.kj], qa, c0, dkt);
       add_into(dview.v[task.kj], qa, c0, dvt);

@@ -791,6 +791,55 @@ TEST(DecodeForward, OneThreadCallsInsideTheCallersLoopOfOneThread) {
   }
 }
 
+// The fused backward after a decode-sized forward (whose scores the decode kernel rounded in its
+// own order): one key per row makes P = 1 exactly, so dV is the sum of dO's rows and dQ = dK = 0
+// exactly, however large the rounding error of each score. Scores of large terms that cancel
+// (q orthogonal to k, |q_e k_e| ~ 1e4) give the two kernels' scores different roundings.
+TEST(DecodeForward, BackwardAfterADecodeForwardKeepsRowsNormalised) {
+  for (DType dt : {DType::float32, DType::float64}) {
+    for (int64_t L : {1, 5, 16}) {
+      constexpr int64_t E = 256;
+      std::mt19937_64 rng(3 + static_cast<std::uint64_t>(L));
+      std::normal_distribution<double> normal(0.0, 1.0);
+      Array q(dt, {1, L, E}), k(dt, {1, 1, E}), v(dt, {1, 1, E}), g(dt, {1, L, E});
+      std::vector<double> kd(E);
+      double kk = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        kd[e] = 100 * normal(rng);
+        kk += kd[e] * kd[e];
+        sdpa::test::set(k, e, kd[e]);
+        sdpa::test::set(v, e, normal(rng));
+      }
+      for (int64_t i = 0; i < L; ++i) {
+        std::vector<double> qd(E);
+        double qk = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          qd[e] = 100 * normal(rng);
+          qk += qd[e] * kd[e];
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          sdpa::test::set(q, i * E + e, qd[e] - qk / kk * kd[e]);
+          sdpa::test::set(g, i * E + e, static_cast<double>((i + e) % 3 + 1));  // sums exact
+        }
+      }
+      sdpa::AttentionOptions o;
+      Array out(dt, {1, L, E}), lse(dt, {1, L}), dq(dt, {1, L, E}), dk(dt, {1, 1, E}),
+          dv(dt, {1, 1, E});
+      const sdpa::MutableTensorRef lse_ref = lse.mut();
+      sdpa::attention_forward(q, k, v, nullptr, o, out.mut(), &lse_ref);
+      sdpa::attention_backward(q, k, v, nullptr, out, lse, g, o, dq.mut(), dk.mut(), dv.mut());
+      const std::string what = fmt::format("{} L {}", sdpa::dtype_name(dt), L);
+      for (int64_t e = 0; e < E; ++e) {
+        double sum = 0;
+        for (int64_t i = 0; i < L; ++i) sum += get(g, i * E + e);
+        ASSERT_EQ(get(dv, e), sum) << what << " dv " << e;
+        ASSERT_EQ(get(dk, e), 0.0) << what << " dk " << e;
+      }
+      for (int64_t i = 0; i < L * E; ++i) ASSERT_EQ(get(dq, i), 0.0) << what << " dq " << i;
+    }
+  }
+}
+
 TEST(DecodeForward, ChunkRuleIsFixed) {
   // At most 16 chunks of at least 512 keys, a multiple of the tile; independent of threads.
   EXPECT_EQ(sdpa::detail::decode_chunk_keys(0), 512);

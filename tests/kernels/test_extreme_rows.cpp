@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../common/test_util.h"
@@ -98,6 +99,32 @@ TEST(ExtremeRows, ConstantMaskShiftKeepsBackwardNormalised) {
       const double tol = (std::expm1(std::min(2 * ulp, 1.0)) + 2e-5) * max_abs(naive.dv);
       EXPECT_LE(max_abs_diff(fast.dv, naive.dv), tol) << "shift " << shift;
       EXPECT_LE(max_abs(fast.dv), 1.01 * max_abs(naive.dv) + 1e-6) << "shift " << shift;
+    }
+  });
+}
+
+// The same in float64, with scores that stay exact after the shift (q and k multiples of 1/8,
+// scale 1, shifts powers of two): P = exp(S - lse) then errs only by the rounding of lse,
+// |lse| / 2 epsilons, so the backward must renormalise rows with |lse| > 64 in float64 too and
+// agree with the naive baseline to a few epsilons.
+TEST(ExtremeRows, Float64ShiftedRowsKeepFloat64Accuracy) {
+  Case c = small_case(20, 11, 8, 2);  // past kDecodeMaxQueries: the fused forward's own lse
+  c.options.scale = 1.0;
+  const double shifts[] = {0.0, -0x1p10, -0x1p20, -0x1p30, -0x1p40};
+  on_every_target([&] {
+    for (const double shift : shifts) {
+      Inputs in = make_inputs(c, DType::float64, 13);
+      for (Array* a : {&in.q, &in.k}) {
+        for (std::int64_t i = 0; i < a->numel(); ++i) set(*a, i, std::round(8 * get(*a, i)) / 8);
+      }
+      for (std::int64_t i = 0; i < in.mask.numel(); ++i) set(in.mask, i, shift);
+      const Outputs fast = run(in, c.options, Impl::fast);
+      const Outputs naive = run(in, c.options, Impl::naive);
+      for (const auto& [f, n, what] :
+           {std::tuple{&fast.dv, &naive.dv, "dv"}, std::tuple{&fast.dk, &naive.dk, "dk"},
+            std::tuple{&fast.dq, &naive.dq, "dq"}}) {
+        EXPECT_LE(max_abs_diff(*f, *n), 1e-13 * max_abs(*n)) << what << " shift " << shift;
+      }
     }
   });
 }
