@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -171,6 +172,17 @@ void check_variants_supported(const detail::Problem& p, Impl requested) {
 // kernels/range.cpp) are computed by the float64 reference instead, which never overflows there.
 Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_out) {
   check_variants_supported(p, requested);
+  if (requested == Impl::fast && p.dtype == DType::float32) {
+    // A softcap or a sink past float32's range is finite as given and infinite in the float32
+    // kernel (inf * tanh(x / inf) = inf * 0, exp(inf - inf)): the float64 reference takes them.
+    const double most = std::numeric_limits<float>::max();
+    if (p.variants.softcap > most) return Impl::reference;
+    if (p.variants.sinks != nullptr) {
+      for (std::int64_t h = 0; h < p.Hq; ++h) {
+        if (std::fabs(p.variants.sinks[h]) > most) return Impl::reference;
+      }
+    }
+  }
   if (requested == Impl::fast && p.dtype == DType::float32 && p.variants.alibi != nullptr) {
     // ALiBi's bias reaches slope * (L + S): past 1e30 the float32 scores could overflow.
     const std::int64_t n = p.variants.alibi_stride_b == 0 ? p.Hq : p.B * p.Hq;

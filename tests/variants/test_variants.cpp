@@ -26,6 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "../common/test_util.h"
@@ -289,6 +290,58 @@ TEST(Variants, RowsThatSeeNoKeyGiveZeros) {
   }
 }
 
+// Every softcapped score saturated (|x / cap| ~ 125): the cap's derivative 1 - tanh^2 is 0 in
+// float32 (4 exp(-250) in the maths), so dq and dk are exactly 0, as the reference gives to
+// float32; on every compiled target.
+TEST(Variants, SaturatedSoftcapGivesNoQueryOrKeyGradient) {
+  Case c;
+  c.Hq = c.Hkv = 2;
+  c.L = 40;
+  c.S = 50;
+  c.E = c.Ev = 16;
+  c.options.softcap = 5.0;
+  Inputs in = sdpa::test::make_inputs(c, DType::float32, 41);
+  for (std::int64_t i = 0; i < c.Hq * c.L; ++i) sdpa::test::set(in.q, i * c.E, 50.0);
+  for (std::int64_t s = 0; s < c.Hkv * c.S; ++s) {
+    sdpa::test::set(in.k, s * c.E, s % 3 == 0 ? -50.0 : 50.0);
+  }
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const Result r = run_variants(in, c.options, Impl::fast);
+    EXPECT_EQ(sdpa::test::max_abs(r.dq), 0.0) << hwy::TargetName(target);
+    EXPECT_EQ(sdpa::test::max_abs(r.dk), 0.0) << hwy::TargetName(target);
+    EXPECT_GT(sdpa::test::max_abs(r.dv), 0.0) << hwy::TargetName(target);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// A softcap or a sink past float32's range, finite as given, on float32 inputs: the results are
+// the reference's (the cap inactive; a huge sink takes the whole row: zeros, lse +inf), never
+// NaN from inf * 0 or inf - inf in float32.
+TEST(Variants, SoftcapAndSinksPastFloat32RangeFollowTheReference) {
+  Case c;
+  c.Hq = c.Hkv = 2;
+  c.L = 20;
+  c.S = 30;
+  c.E = c.Ev = 8;
+  const Inputs in = sdpa::test::make_inputs(c, DType::float32, 43);
+  AttentionOptions capped = c.options, sunk = c.options;
+  capped.softcap = 1e39;
+  sunk.sinks = {1e39, -0.5};
+  for (const AttentionOptions& o : {capped, sunk}) {
+    const Result fast = run_variants(in, o, Impl::fast);
+    const Result ref = run_variants(in, o, Impl::reference);
+    for (const auto& [f, r, what] :
+         {std::tuple{&fast.out, &ref.out, "out"}, std::tuple{&fast.lse, &ref.lse, "lse"},
+          std::tuple{&fast.dq, &ref.dq, "dq"}, std::tuple{&fast.dk, &ref.dk, "dk"},
+          std::tuple{&fast.dv, &ref.dv, "dv"}}) {
+      EXPECT_TRUE(bit_identical(*f, *r)) << what << " softcap " << o.softcap;
+    }
+  }
+  const Result r = run_variants(in, capped, Impl::fast);
+  EXPECT_TRUE(sdpa::test::all_finite(r.out));
+}
+
 TEST(Variants, LargeLseIsRenormalised) {
   // Every score shifted by -200: |lse| > 64, so the backward recomputes each row's max and sum
   // (with the sink joining them) instead of trusting exp(S - lse) in float32.
@@ -486,7 +539,8 @@ TEST(Variants, VectorPhiloxIsRandom123OnEveryTarget) {
 // The kernel's float32 softcap (a rational tanh) against tanh in float64, on every compiled
 // target, over a dense sweep of scaled scores from -20 to 20 (every float32 there rounds tanh
 // to +-1 beyond 9.01), infinities and NaN: tanh within 6 float32 ulps of 1 (6 * 2^-24; measured
-// 4.5 with FMA, 5.6 without), cap * tanh(x / cap) within 6.5 of the cap, NaN kept.
+// 4.5 with FMA, 5.6 without), cap * tanh(x / cap) within 6.5 of the cap, NaN kept; exactly +-1
+// (and the cap) where float32's tanh is, beyond 9.011.
 TEST(Variants, SoftcapTanhAccuracyOnEveryTarget) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   const std::size_t n = 1 << 18;
@@ -506,13 +560,17 @@ TEST(Variants, SoftcapTanhAccuracyOnEveryTarget) {
         const double want = std::tanh(double(in[k] * (1.0f / cap)));
         worst = std::max(worst, std::abs(double(t[k]) - want));
         worst_capped = std::max(worst_capped, std::abs(double(x[k]) - double(cap) * want) / cap);
+        if (std::abs(double(in[k]) / cap) > 9.0110) {
+          ASSERT_EQ(t[k], std::copysign(1.0f, in[k])) << in[k] << " on " << hwy::TargetName(target);
+          ASSERT_EQ(x[k], std::copysign(cap, in[k])) << in[k] << " on " << hwy::TargetName(target);
+        }
       }
       std::printf("softcap tanh on %s, cap %g: max error %.2f ulps of 1 (capped %.2f)\n",
                   hwy::TargetName(target), double(cap), worst / 0x1p-24, worst_capped / 0x1p-24);
       EXPECT_LE(worst, 6.0 * 0x1p-24) << hwy::TargetName(target);
       EXPECT_LE(worst_capped, 6.5 * 0x1p-24) << hwy::TargetName(target);
-      EXPECT_NEAR(x[0], cap, cap * 6.0 * 0x1p-24);
-      EXPECT_NEAR(x[1], -cap, cap * 6.0 * 0x1p-24);
+      EXPECT_EQ(x[0], cap);
+      EXPECT_EQ(x[1], -cap);
       EXPECT_TRUE(std::isnan(x[2]));
       EXPECT_EQ(x[3], 0.0f);
     }
