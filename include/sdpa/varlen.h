@@ -11,7 +11,9 @@
 // window aligned per sequence, d = S_b - L_b; ALiBi slopes of Hq or B * Hq values; sinks; dropout
 // counted by (seed, b, head, i, j) with i and j local to the sequence). There is no mask.
 // max_seqlen_q / max_seqlen_k must be at least the longest sequence (FlashAttention sizes its
-// launch by them; here they are checked).
+// launch by them; here they are checked). Dtypes as in attention_forward / attention_backward:
+// out and grad_query the query's, lse float32 for a 16-bit query (else the query's), grad_key and
+// grad_value the key's and the value's.
 #pragma once
 
 #include <cstdint>

@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/half_attention.h"
 #include "core/problem.h"
 #include "core/variants.h"
 #include "sdpa/array.h"
@@ -208,7 +209,9 @@ void attention_varlen_forward(const TensorRef& query, const TensorRef& key, cons
                               const MutableTensorRef& out, const MutableTensorRef* lse) {
   const Sequences s = plan(query, key, value, cu_q, cu_k, max_q, max_k, options);
   check_tensor(out, query.dtype, {query.shape[0], query.shape[1], value.shape[2]}, "out");
-  if (lse != nullptr) check_tensor(*lse, query.dtype, {query.shape[1], query.shape[0]}, "lse");
+  if (lse != nullptr) {
+    check_tensor(*lse, detail::lse_dtype(query.dtype), {query.shape[1], query.shape[0]}, "lse");
+  }
   std::vector<std::int64_t> work(static_cast<std::size_t>(s.B));
   for (std::size_t i = 0; i < work.size(); ++i) {
     // No query rows: nothing to write. No keys: the rows are zeros (or the sinks' lse).
@@ -240,11 +243,13 @@ void attention_varlen_backward(const TensorRef& query, const TensorRef& key, con
   const Sequences s = plan(query, key, value, cu_q, cu_k, max_q, max_k, options);
   const std::vector<std::int64_t> out_shape = {query.shape[0], query.shape[1], value.shape[2]};
   check_tensor(out, query.dtype, out_shape, "out");
-  check_tensor(lse, query.dtype, {query.shape[1], query.shape[0]}, "lse");
+  // The dtypes of attention_backward's: lse float32 for a 16-bit query, each gradient its
+  // input's dtype (a 16-bit KV under a float32 query gets 16-bit dK and dV).
+  check_tensor(lse, detail::lse_dtype(query.dtype), {query.shape[1], query.shape[0]}, "lse");
   check_tensor(grad_out, query.dtype, out_shape, "grad_out");
   check_tensor(grad_query, query.dtype, query.shape, "grad_query");
-  check_tensor(grad_key, query.dtype, key.shape, "grad_key");
-  check_tensor(grad_value, query.dtype, value.shape, "grad_value");
+  check_tensor(grad_key, key.dtype, key.shape, "grad_key");
+  check_tensor(grad_value, value.dtype, value.shape, "grad_value");
   if (grad_sinks != nullptr) {
     if (options.sinks.empty()) {
       throw Error(ErrorKind::bad_value, "grad_sinks",

@@ -37,6 +37,7 @@
 #include "reference/reference.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
+#include "sdpa/varlen.h"
 
 namespace {
 
@@ -697,6 +698,62 @@ TEST(Variants, BadOptionsNameTheArgument) {
     ADD_FAILURE() << "naive with a softcap: no error";
   } catch (const sdpa::Error& e) {
     EXPECT_EQ(e.argument(), "impl");
+  }
+}
+
+// Variable-length batches of 16-bit inputs take attention_forward's and attention_backward's
+// dtypes (lse float32 for a 16-bit query, dK and dV of the key's and value's dtype), and each
+// sequence's results are those of the call on that sequence alone, bit for bit: an all-bfloat16
+// batch and a float32 query over a bfloat16 key and value.
+TEST(Varlen, HalfPrecisionTakesTheDtypesOfTheDenseCalls) {
+  const std::vector<std::int64_t> cu_q{0, 5, 25}, cu_k{0, 9, 39};
+  constexpr std::int64_t H = 2, E = 8;
+  for (const DType qdt : {DType::bfloat16, DType::float32}) {
+    const DType kdt = DType::bfloat16;
+    const Array q = sdpa::test::random_array(qdt, {25, H, E}, 51);
+    const Array k = sdpa::test::random_array(kdt, {39, H, E}, 52);
+    const Array v = sdpa::test::random_array(kdt, {39, H, E}, 53);
+    const Array g = sdpa::test::random_array(qdt, {25, H, E}, 54);
+    const DType ldt = DType::float32;  // the query's for float32, float32 for bfloat16
+    AttentionOptions o;
+    o.causal = Causal::lower_right;
+    Array out(qdt, {25, H, E}), lse(ldt, {H, 25});
+    const MutableTensorRef lse_ref = lse.mut();
+    sdpa::attention_varlen_forward(q, k, v, cu_q, cu_k, 20, 30, o, out.mut(), &lse_ref);
+    Array dq(qdt, {25, H, E}), dk(kdt, {39, H, E}), dv(kdt, {39, H, E});
+    sdpa::attention_varlen_backward(q, k, v, cu_q, cu_k, 20, 30, out, lse, g, o, dq.mut(), dk.mut(),
+                                    dv.mut());
+    // Sequence b alone: (H, n, E) views of its rows.
+    const auto rows = [](const Array& a, std::int64_t r0, std::int64_t n) {
+      const auto* base = static_cast<const char*>(a.data()) +
+                         r0 * H * E * static_cast<std::int64_t>(sdpa::dtype_size(a.dtype()));
+      return TensorRef{base, a.dtype(), {H, n, E}, {E, H * E, 1}};
+    };
+    const auto mrows = [](Array& a, std::int64_t r0, std::int64_t n) {
+      auto* base = static_cast<char*>(a.data()) +
+                   r0 * H * E * static_cast<std::int64_t>(sdpa::dtype_size(a.dtype()));
+      return MutableTensorRef{base, a.dtype(), {H, n, E}, {E, H * E, 1}};
+    };
+    Array out1(qdt, {25, H, E}), lse1(ldt, {H, 25}), dq1(qdt, {25, H, E}), dk1(kdt, {39, H, E}),
+        dv1(kdt, {39, H, E});
+    for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+      const std::int64_t q0 = cu_q[b], nq = cu_q[b + 1] - q0, k0 = cu_k[b], nk = cu_k[b + 1] - k0;
+      auto* lbase =
+          static_cast<char*>(lse1.data()) + q0 * static_cast<std::int64_t>(sdpa::dtype_size(ldt));
+      const MutableTensorRef l{lbase, ldt, {H, nq}, {25, 1}};
+      sdpa::attention_forward(rows(q, q0, nq), rows(k, k0, nk), rows(v, k0, nk), nullptr, o,
+                              mrows(out1, q0, nq), &l);
+      const TensorRef lr{lbase, ldt, {H, nq}, {25, 1}};
+      sdpa::attention_backward(rows(q, q0, nq), rows(k, k0, nk), rows(v, k0, nk), nullptr,
+                               rows(out1, q0, nq), lr, rows(g, q0, nq), o, mrows(dq1, q0, nq),
+                               mrows(dk1, k0, nk), mrows(dv1, k0, nk));
+    }
+    const std::string what = sdpa::dtype_name(qdt);
+    EXPECT_TRUE(bit_identical(out, out1)) << what;
+    EXPECT_TRUE(bit_identical(lse, lse1)) << what;
+    EXPECT_TRUE(bit_identical(dq, dq1)) << what;
+    EXPECT_TRUE(bit_identical(dk, dk1)) << what;
+    EXPECT_TRUE(bit_identical(dv, dv1)) << what;
   }
 }
 
