@@ -16,7 +16,9 @@ See docs/python.md.
 """
 import contextlib
 import math
+import numbers
 
+import numpy as np
 import torch
 import torch.nn.functional as _F
 from torch.autograd.function import once_differentiable
@@ -42,8 +44,12 @@ def _describe(t):
 
 
 def _last_contiguous(t):
-    """t itself when its last dimension is contiguous (any other strides are fine), else a copy."""
+    """t itself when its last dimension is contiguous (any other strides are fine), else a copy.
+    An empty tensor counts as contiguous to torch, so contiguous() keeps its strides (all 0 for
+    the expanded zeros autograd passes as an empty gradient): it is cloned into C order."""
     if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        if t.numel() == 0:
+            return t.clone(memory_format=torch.contiguous_format)
         return t.contiguous()
     return t
 
@@ -81,9 +87,55 @@ def _check_tensor(t, what, allowed):
         raise TypeError(f"{what}: expected dtype {names}, got {str(t.dtype).replace('torch.', '')}")
 
 
+# ---- options, checked as the NumPy functions check them (python/sdpa_python.cpp) --------------
+
+def _given(obj):
+    """"'no' (str)" for messages."""
+    return f"{obj!r} ({type(obj).__name__})"
+
+
+def _is_bool(obj):
+    return isinstance(obj, (bool, np.bool_))
+
+
+def _as_bool(obj, what):
+    if not _is_bool(obj):
+        raise TypeError(f"{what}: expected True or False, got {_given(obj)}")
+    return bool(obj)
+
+
+def _as_real(obj, what):
+    if _is_bool(obj) or not isinstance(obj, numbers.Real):
+        raise TypeError(f"{what}: expected a real number, got {_given(obj)}")
+    return float(obj)
+
+
+def _as_scale(obj):
+    if obj is None:
+        return None
+    if _is_bool(obj) or not isinstance(obj, numbers.Real):
+        raise TypeError(f"scale: expected None or a real number, got {_given(obj)}")
+    return float(obj)
+
+
+def _as_threads(obj):
+    if _is_bool(obj) or not isinstance(obj, (int, np.integer)):
+        raise TypeError(f"threads: expected an int, 0 (one per core) or 1..1024, got {_given(obj)}")
+    if not 0 <= obj <= 1024:
+        raise ValueError(f"threads: expected 0 (one per core) or 1..1024, got {obj}")
+    return int(obj)
+
+
+def _as_string(obj, what):
+    if not isinstance(obj, str):
+        raise TypeError(f"{what}: expected a str, got {_given(obj)}")
+    return obj
+
+
 def _causal_name(is_causal, causal):
     if causal is None:
         return "upper-left" if is_causal else "none"
+    _as_string(causal, "causal")
     if causal not in ("none", "upper-left", "lower-right"):
         raise ValueError(f"causal: expected None, 'none', 'upper-left' or 'lower-right', got {causal!r}")
     if is_causal and causal != "upper-left":
@@ -109,11 +161,18 @@ def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
     operations, L x S per head: only computed when the mask itself requires a gradient. The
     mask is added after the softcap and ALiBi, so the softcap's derivative does not enter; the
     window removes keys like the causal rule; lse includes the sinks; with dropout,
-    dP = z * (dO V^T) with the library's own dropout factors z."""
+    dP = z * (dO V^T) with the library's own dropout factors z.
+    Computed in float64 for float64 inputs, else in float32 (the dtype of lse for 16-bit
+    inputs): torch has no CPU matmul for float16, a float32 query may read a 16-bit key and
+    value, and exp(s - lse) with scores and lse rounded to bfloat16 would err by |lse| * 2^-9.
+    Only the result is rounded to the mask's dtype."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, out, g, lse = (t.to(dtype) for t in (q, k, v, out, g, lse))
     if group > 1:
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
     L, S = q.shape[-2], k.shape[-2]
+    H = q.shape[-3] if q.dim() >= 3 else 1
     d = S - L
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     cap = variants.get("softcap", 0.0)
@@ -127,7 +186,7 @@ def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
         lead = q.shape[:-3]
         sl = sl.reshape(lead + q.shape[-3:-2]) if sl.dim() == 2 else sl.reshape(q.shape[-3:-2])
         s = s - sl[..., None, None] * (i + d - j).abs().to(s.dtype)
-    s = s + mask.to(q.dtype)
+    s = s + mask.to(dtype)
     allowed = torch.ones(L, S, dtype=torch.bool)
     if causal == "upper-left":
         allowed &= j <= i
@@ -139,14 +198,14 @@ def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
     if right >= 0:
         allowed &= j <= i + d + right
     s = s.masked_fill(~allowed, -math.inf)
-    lse = lse.unsqueeze(-1).to(s.dtype)
+    lse = lse.unsqueeze(-1)
     p = torch.exp(s - lse).masked_fill(torch.isneginf(lse), 0.0)  # rows that see no key: 0
     dp = torch.matmul(g, v.transpose(-2, -1))
     if variants.get("dropout_p", 0.0):
         B = int(math.prod(q.shape[:-3]))
-        z = _sdpa._dropout_factors(B, q.shape[-3], L, S, variants["dropout_p"], variants["seed"])
-        dp = dp * torch.from_numpy(z).reshape(q.shape[:-1] + (S,)).to(dp.dtype)
-    ds = p * (dp - (g * out).sum(-1, keepdim=True).to(dp.dtype))
+        z = _sdpa._dropout_factors(B, H, L, S, variants["dropout_p"], variants["seed"])
+        dp = dp * torch.from_numpy(z).reshape(q.shape[:-1] + (S,)).to(dtype)
+    ds = p * (dp - (g * out).sum(-1, keepdim=True))
     return _sum_to(ds, mask.shape).to(mask.dtype)
 
 
@@ -178,6 +237,16 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, attn_mask, out, lse, sinks = ctx.saved_tensors
         causal, scale, enable_gqa, impl, threads, kw = ctx.options
+        if grad_out.numel() == 0:
+            # An empty out (no batch, head, query or value column): the loss does not depend on
+            # the inputs, every gradient is zero.
+            def zero(t, needed):
+                return _empty_like_layout(t, t.shape, t.dtype).zero_() if needed else None
+
+            need = ctx.needs_input_grad
+            return (zero(query, need[0]), zero(key, need[1]), zero(value, need[2]),
+                    zero(attn_mask, need[3]), None, None, None, None, None,
+                    zero(sinks, sinks is not None and need[9]), None)
         g = _last_contiguous(grad_out)
         if g.dtype != query.dtype:
             g = g.to(query.dtype)
@@ -240,9 +309,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_tensor(value, "value", floats)
     if attn_mask is not None:
         _check_tensor(attn_mask, "attn_mask", (torch.bool,) + floats)
-    if scale is not None:
-        scale = float(scale)
-    name = _causal_name(bool(is_causal), causal)
+    is_causal = _as_bool(is_causal, "is_causal")
+    scale = _as_scale(scale)
+    enable_gqa = _as_bool(enable_gqa, "enable_gqa")
+    name = _causal_name(is_causal, causal)
+    impl = _as_string(impl, "impl")
+    threads = _as_threads(threads)
+    dropout_p = _as_real(dropout_p, "dropout_p")
     if key.dtype != value.dtype or not _kv_dtype_ok(query.dtype, key.dtype):
         raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]} for key and "
                         f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]} "
@@ -263,8 +336,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
     q, k, v = (_last_contiguous(t) for t in (query, key, value))
     m = None if attn_mask is None else _last_contiguous(attn_mask)
-    return _Attention.apply(q, k, v, m, name, scale, bool(enable_gqa), impl, int(threads), sinks,
-                            variants)
+    return _Attention.apply(q, k, v, m, name, scale, enable_gqa, impl, threads, sinks, variants)
 
 
 # ---- variable-length batches ------------------------------------------------------------------
@@ -339,14 +411,18 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 # ---- routing an existing model through sdpa ---------------------------------------------------
 
+def _mask_supported(mask):
+    """None, or a CPU tensor of a dtype sdpa takes as a mask (bool or floating)."""
+    return mask is None or (isinstance(mask, torch.Tensor) and mask.device.type == "cpu"
+                            and mask.dtype in _FLOATS + (torch.bool,))
+
+
 def _supported(query, key, value, attn_mask, dropout_p):
     ok = _FLOATS
     for t in (query, key, value):
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in ok:
             return False
-    if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor)
-                                  or attn_mask.device.type != "cpu"
-                                  or attn_mask.dtype not in ok + (torch.bool,)):
+    if not _mask_supported(attn_mask):
         return False
     return dropout_p == 0.0 and query.dim() >= 2
 
@@ -388,12 +464,13 @@ def use():
 def _mha_forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                  attn_mask=None, average_attn_weights=True, is_causal=False):
     """nn.MultiheadAttention.forward through sdpa for the cases it covers (batched 3-D inputs,
-    need_weights=False, no bias_k/bias_v, no add_zero_attn, no dropout while training); the
-    module's own forward otherwise."""
+    need_weights=False, no bias_k/bias_v, no add_zero_attn, no dropout while training, bool or
+    floating masks); the module's own forward otherwise (which takes uint8 masks, for one)."""
     original = type(self).forward
     covered = (not need_weights and query.dim() == 3 and self.bias_k is None
                and not self.add_zero_attn and not (self.training and self.dropout > 0.0)
-               and _supported(query, key, value, None, 0.0))
+               and _supported(query, key, value, attn_mask, 0.0)
+               and _mask_supported(key_padding_mask))
     if not covered:
         kwargs = dict(key_padding_mask=key_padding_mask, need_weights=need_weights,
                       attn_mask=attn_mask, average_attn_weights=average_attn_weights)

@@ -214,6 +214,87 @@ def test_bad_input():
         st.scaled_dot_product_attention(q, k, v, is_causal=True, causal="lower-right")
 
 
+def test_mask_gradient_rank_2_with_dropout():
+    """Rank-2 (L, E) inputs have no head dimension: the mask's gradient under dropout draws the
+    library's factors for one batch and one head."""
+    q, k, v = tensors(((5, 4), (6, 4), (6, 3)), torch.float64, 9)
+    mask = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, mask):
+        return st.scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, seed=11)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, mask), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((0, 2, 3, 4), (0, 2, 5, 4), (0, 2, 5, 3)),
+                                    ((1, 2, 0, 4), (1, 2, 5, 4), (1, 2, 5, 3)),
+                                    ((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 0))],
+                         ids=["batch 0", "L 0", "Ev 0"])
+def test_empty_out_gives_zero_gradients(shapes):
+    """An empty out (autograd passes its gradient as expanded zeros, every stride 0): zero
+    gradients of the inputs' shapes, the mask's included."""
+    q, k, v = tensors(shapes, torch.float32, 10)
+    mask = torch.zeros(shapes[0][-2], shapes[1][-2], requires_grad=True)
+    out = st.scaled_dot_product_attention(q, k, v, mask)
+    assert out.shape == shapes[0][:-1] + shapes[2][-1:]
+    out.sum().backward()
+    for t in (q, k, v, mask):
+        assert t.grad.shape == t.shape and torch.all(t.grad == 0)
+
+
+def test_empty_query_with_strided_last_dimension():
+    """An empty tensor whose last dimension is strided: torch calls it contiguous, so
+    contiguous() keeps its strides; it goes in as a C-order clone, gradient included."""
+    q = torch.zeros(0, 2, 4, 3, requires_grad=True)
+    k = torch.zeros(0, 2, 5, 4, requires_grad=True)
+    out = st.scaled_dot_product_attention(q.transpose(-1, -2), k, k)
+    assert out.shape == (0, 2, 3, 4)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+# Options that both the NumPy functions and sdpa.torch refuse, with the same error.
+BAD_OPTIONS = {
+    "is_causal str": {"is_causal": "no"},
+    "is_causal int": {"is_causal": 1},
+    "enable_gqa str": {"enable_gqa": "no"},
+    "scale str": {"scale": "0.5"},
+    "scale not a number": {"scale": "abc"},
+    "scale bool": {"scale": True},
+    "threads bool": {"threads": True},
+    "threads float": {"threads": 2.0},
+    "threads too many": {"threads": 2**40},
+    "threads negative": {"threads": -1},
+    "dropout_p None": {"dropout_p": None},
+    "dropout_p str": {"dropout_p": "0.1"},
+    "impl int": {"impl": 1},
+    "causal bool": {"causal": True},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_OPTIONS))
+def test_bad_options_raise_as_numpy(name):
+    kwargs = BAD_OPTIONS[name]
+    q, k, v = tensors(((1, 2, 4, 4), (1, 2, 5, 4), (1, 2, 5, 4)), torch.float32, 5, grad=False)
+    with pytest.raises((TypeError, ValueError)) as numpy_error:
+        sdpa.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), **kwargs)
+    with pytest.raises((TypeError, ValueError)) as torch_error:
+        st.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert torch_error.type is numpy_error.type
+    assert str(torch_error.value) == str(numpy_error.value)
+    assert str(torch_error.value).startswith(next(iter(kwargs)) + ": expected")
+
+
+def test_good_options_of_other_types():
+    """NumPy's bool and integer scalars, and any real number as scale."""
+    q, k, v = tensors(((1, 2, 4, 4), (1, 2, 5, 4), (1, 2, 5, 4)), torch.float64, 5, grad=False)
+    ref = st.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5, threads=1)
+    out = st.scaled_dot_product_attention(q, k, v, is_causal=np.bool_(True),
+                                          scale=np.float32(0.5), threads=np.int64(1),
+                                          enable_gqa=np.bool_(False), dropout_p=0)
+    assert torch.equal(out, ref)
+
+
 def test_use_routes_functional():
     q, k, v = tensors(((1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 6, 8)), torch.float64, 6)
     had = hasattr(F, "scaled_dot_product_attention")
@@ -253,6 +334,43 @@ def test_patch_multihead_attention(batch_first, masks):
     assert_close("patched MHA grad", g_ours.numpy(), g_theirs.numpy(), contract(np.float64))
     assert st.unpatch(mha) == 1
     assert "forward" not in mha.__dict__
+
+
+@pytest.mark.parametrize("which", ["attn_mask", "key_padding_mask"])
+def test_patch_falls_back_on_masks_sdpa_does_not_take(which):
+    """uint8 masks, which sdpa does not take, run PyTorch's own code in a patched module: the
+    same result (PyTorch 1.13 takes a uint8 attn_mask, deprecated, with a warning) or the same
+    error (it refuses a uint8 key_padding_mask)."""
+    import warnings
+
+    torch.manual_seed(8)
+    E, H, N, L = 16, 4, 2, 5
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).double()
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    if which == "attn_mask":
+        mask = (torch.rand(L, L) < 0.3).to(torch.uint8)  # 1 = do not attend
+        mask.fill_diagonal_(0)
+    else:
+        mask = torch.zeros(N, L, dtype=torch.uint8)
+        mask[1, -2:] = 1
+
+    def outcome():
+        try:
+            return mha(x, x, x, need_weights=False, **{which: mask})[0]
+        except Exception as e:  # noqa: BLE001 (compared below)
+            return e
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = outcome()
+        assert st.patch(mha) == 1
+        ours = outcome()
+    st.unpatch(mha)
+    if isinstance(theirs, Exception):
+        assert type(ours) is type(theirs) and str(ours) == str(theirs), (ours, theirs)
+    else:
+        assert isinstance(ours, torch.Tensor), ours
+        assert torch.equal(ours, theirs)
 
 
 def test_module_is_loaded_with_torch():
