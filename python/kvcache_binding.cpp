@@ -20,6 +20,8 @@
 
 namespace py = pybind11;
 
+[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);  // sdpa_python.cpp
+
 namespace {
 
 std::vector<std::int64_t> shape_of(const py::array& a) {
@@ -113,11 +115,6 @@ Indices indices(const py::handle& obj, const std::string& what) {
   return {b, sdpa::Int32TensorRef{b.data(), shape_of(b)}};
 }
 
-[[noreturn]] void raise_error(const std::string& message) {
-  if (message.find("dtype") != std::string::npos) throw py::type_error(message);
-  throw py::value_error(message);
-}
-
 py::object attention_with_kvcache(const py::object& q, const py::object& k_cache,
                                   const py::object& v_cache, const py::object& k,
                                   const py::object& v, const py::object& cache_seqlens,
@@ -137,7 +134,15 @@ py::object attention_with_kvcache(const py::object& q, const py::object& k_cache
   if (sl) inputs.cache_seqlens = &sl->ref;
   if (bt) inputs.block_table = &bt->ref;
   sdpa::KVCacheOptions options;
-  if (!scale.is_none()) options.scale = scale.cast<double>();
+  if (!scale.is_none()) {
+    // A real number (Python's or NumPy's), not a bool or a string.
+    if (py::isinstance<py::bool_>(scale) || py::isinstance<py::str>(scale) ||
+        !PyNumber_Check(scale.ptr()) || PyComplex_Check(scale.ptr())) {
+      throw py::type_error("scale: expected a real number or None, got " +
+                           py::str(py::type::of(scale).attr("__name__")).cast<std::string>());
+    }
+    options.scale = py::float_(scale).cast<double>();
+  }
   options.causal = causal;
   options.threads = threads;
   try {
@@ -145,11 +150,14 @@ py::object attention_with_kvcache(const py::object& q, const py::object& k_cache
         sdpa::kvcache_output_shape(qa.ref, kc.ref, vc.ref, inputs);
     const sdpa::DType d = qa.ref.dtype;
     py::array out(numpy_dtype(d), std::vector<py::ssize_t>(shape.begin(), shape.end()));
-    py::array lse(numpy_dtype(d), std::vector<py::ssize_t>{static_cast<py::ssize_t>(shape[0]),
-                                                           static_cast<py::ssize_t>(shape[2]),
-                                                           static_cast<py::ssize_t>(shape[1])});
+    // lse is float32 for a 16-bit query (include/sdpa/kvcache.h), else the query's dtype.
+    const sdpa::DType ld =
+        d == sdpa::DType::float16 || d == sdpa::DType::bfloat16 ? sdpa::DType::float32 : d;
+    py::array lse(numpy_dtype(ld), std::vector<py::ssize_t>{static_cast<py::ssize_t>(shape[0]),
+                                                            static_cast<py::ssize_t>(shape[2]),
+                                                            static_cast<py::ssize_t>(shape[1])});
     const sdpa::MutableTensorRef out_ref{out.mutable_data(), d, shape_of(out)};
-    const sdpa::MutableTensorRef lse_ref{lse.mutable_data(), d, shape_of(lse)};
+    const sdpa::MutableTensorRef lse_ref{lse.mutable_data(), ld, shape_of(lse)};
     {
       py::gil_scoped_release release;
       sdpa::attention_with_kvcache(qa.ref, kc.ref, vc.ref, inputs, options, out_ref,
@@ -158,7 +166,7 @@ py::object attention_with_kvcache(const py::object& q, const py::object& k_cache
     if (return_lse) return py::make_tuple(out, lse);
     return out;
   } catch (const sdpa::Error& e) {
-    raise_error(e.what());
+    raise_sdpa_error(e);
   }
 }
 

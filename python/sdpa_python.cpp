@@ -735,6 +735,9 @@ shape and dtype (float32 or float64).
 
 }  // namespace
 
+// sdpa::Error as the exception its kind() says, for the other binding files.
+[[noreturn]] void raise_sdpa_error(const sdpa::Error& e) { raise_error(e); }
+
 void bind_torch(py::module_& m);  // torch_bindings.cpp
 
 PYBIND11_MODULE(_sdpa, m) {

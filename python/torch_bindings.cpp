@@ -17,6 +17,8 @@
 
 namespace py = pybind11;
 
+[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);  // sdpa_python.cpp
+
 // variants_binding.cpp: window_size, softcap, alibi_slopes, sinks, dropout_p, seed.
 void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs);
 
@@ -53,12 +55,6 @@ sdpa::MutableTensorRef mutable_ref(const Described& d, const std::string& what) 
   return r;
 }
 
-[[noreturn]] void raise(std::string message) {
-  if (message.rfind("mask:", 0) == 0) message = "attn_mask" + message.substr(4);
-  if (message.find("dtype") != std::string::npos) throw py::type_error(message);
-  throw py::value_error(message);
-}
-
 sdpa::AttentionOptions options_of(const std::string& causal, std::optional<double> scale,
                                   bool enable_gqa, const std::string& impl, int threads) {
   sdpa::AttentionOptions o;
@@ -85,7 +81,7 @@ void forward(const Described& query, const Described& key, const Described& valu
     py::gil_scoped_release release;
     sdpa::attention_forward(q, k, v, m ? &*m : nullptr, o, o_ref, &l_ref);
   } catch (const sdpa::Error& e) {
-    raise(e.what());
+    raise_sdpa_error(e);
   }
 }
 
@@ -112,7 +108,7 @@ void backward(const Described& query, const Described& key, const Described& val
     sdpa::attention_backward(q, k, v, m ? &*m : nullptr, o_in, l_in, g_in, o, dq_ref, dk_ref,
                              dv_ref, ds_ref ? &*ds_ref : nullptr);
   } catch (const sdpa::Error& e) {
-    raise(e.what());
+    raise_sdpa_error(e);
   }
 }
 

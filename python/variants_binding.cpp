@@ -26,8 +26,26 @@ std::string type_of(const py::handle& obj) {
   return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
 }
 
+// An integer, Python's or NumPy's (anything with __index__), not a bool.
 bool is_int(const py::handle& obj) {
-  return py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj);
+  return !py::isinstance<py::bool_>(obj) && !py::isinstance<py::array>(obj) &&
+         PyIndex_Check(obj.ptr()) != 0;
+}
+
+// The Python int of an is_int() object.
+py::int_ int_of(const py::handle& obj) {
+  return py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
+}
+
+// The int64 of an is_int() object, or a bad_value Error naming `what` with `text` when it does
+// not fit.
+std::int64_t int64_of(const py::handle& obj, const char* what, const std::string& text) {
+  const py::int_ i = int_of(obj);
+  if (i < py::int_(INT64_MIN) || i > py::int_(INT64_MAX)) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_value, what,
+                      "expected values that fit int64, got " + text);
+  }
+  return i.cast<std::int64_t>();
 }
 
 double as_number(const py::handle& obj, const char* what) {
@@ -79,8 +97,8 @@ void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs)
                             "expected a pair (left, right) of ints, got " + text_of(value));
         }
       }
-      o.window_left = seq[0].cast<std::int64_t>();
-      o.window_right = seq[1].cast<std::int64_t>();
+      o.window_left = int64_of(seq[0], "window_size", text_of(value));
+      o.window_right = int64_of(seq[1], "window_size", text_of(value));
       if (o.window_left < -1 || o.window_right < -1) {
         throw sdpa::Error(
             sdpa::ErrorKind::bad_value, "window_size",
@@ -95,11 +113,16 @@ void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs)
     } else if (key == "dropout_p") {
       o.dropout_p = as_number(value, "dropout_p");
     } else if (key == "seed") {
-      if (!is_int(value) || value.cast<py::int_>() < py::int_(0)) {
+      if (!is_int(value)) {
+        throw sdpa::Error(sdpa::ErrorKind::bad_type, "seed",
+                          "expected an int in [0, 2^64-1], got " + text_of(value));
+      }
+      const py::int_ seed = int_of(value);
+      if (seed < py::int_(0) || seed > py::int_(UINT64_MAX)) {
         throw sdpa::Error(sdpa::ErrorKind::bad_value, "seed",
                           "expected an int in [0, 2^64-1], got " + text_of(value));
       }
-      o.seed = value.cast<std::uint64_t>();
+      o.seed = seed.cast<std::uint64_t>();
     } else {
       throw py::type_error("got an unexpected keyword argument '" + key + "'");
     }
@@ -130,7 +153,8 @@ Floating floating(const py::handle& obj, const char* what) {
     throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
                       "expected dtype float32 or float64, got " + text_of(dt));
   }
-  a = np.attr("ascontiguousarray")(a);
+  // C order and the machine's byte order (a '>f8' array is converted, not read as native).
+  a = np.attr("ascontiguousarray")(a, py::arg("dtype") = dt.attr("newbyteorder")("="));
   return {a, sdpa::TensorRef{a.data(), d, shape_of(a)}};
 }
 
@@ -183,7 +207,12 @@ sdpa::AttentionOptions varlen_options(const py::object& scale, const py::object&
     throw sdpa::Error(sdpa::ErrorKind::bad_type, "threads",
                       "expected an int, got " + text_of(threads));
   }
-  o.threads = threads.cast<int>();
+  const std::int64_t n = int64_of(threads, "threads", text_of(threads));
+  if (n < 0 || n > INT32_MAX) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_value, "threads",
+                      "expected 0 (one per core) or 1..1024, got " + text_of(threads));
+  }
+  o.threads = static_cast<int>(n);
   sdpa::resolve_threads(o.threads);
   apply_variant_keywords(o, kwargs);
   return o;

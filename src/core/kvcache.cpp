@@ -28,8 +28,9 @@ using std::int64_t;
 // strided view is refused rather than misread.
 void check_c_order(const TensorRef& t, const char* what) {
   if (!t.strides.empty() && t.strides.size() != t.shape.size()) {
-    throw Error(fmt::format("{}: expected {} strides (one per dimension), got {}", what,
-                            t.shape.size(), t.strides.size()));
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("expected {} strides (one per dimension), got {}", t.shape.size(),
+                            t.strides.size()));
   }
   if (!detail::is_contiguous(t)) {
     std::vector<int64_t> c_order(t.shape.size());
@@ -38,10 +39,10 @@ void check_c_order(const TensorRef& t, const char* what) {
       c_order[i] = step;
       step *= t.shape[i];
     }
-    throw Error(
-        fmt::format("{}: expected C-contiguous strides {}, got {} (attention_with_kvcache "
-                    "reads and writes its tensors in C order)",
-                    what, shape_string(c_order), shape_string(t.strides)));
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("expected C-contiguous strides {}, got {} (attention_with_kvcache "
+                            "reads and writes its tensors in C order)",
+                            shape_string(c_order), shape_string(t.strides)));
   }
 }
 
@@ -50,22 +51,24 @@ void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
   const bool half = t.dtype == DType::float16 || t.dtype == DType::bfloat16;
   if (t.dtype != DType::float32 && t.dtype != DType::float64 && !(half_ok && half)) {
     throw Error(
-        fmt::format("{}: expected {}, got {}", what,
+        ErrorKind::bad_type, what,
+        fmt::format("expected {}, got {}",
                     half_ok ? "float32, float64, float16 or bfloat16" : "float32 or float64",
                     dtype_name(t.dtype)));
   }
   if (t.shape.size() != 4) {
-    throw Error(fmt::format("{}: expected 4 dimensions {}, got shape {}", what, layout,
-                            shape_string(t.shape)));
+    throw Error(
+        ErrorKind::bad_shape, what,
+        fmt::format("expected 4 dimensions {}, got shape {}", layout, shape_string(t.shape)));
   }
   for (const int64_t d : t.shape) {
     if (d < 0) {
-      throw Error(
-          fmt::format("{}: expected non-negative dimensions, got {}", what, shape_string(t.shape)));
+      throw Error(ErrorKind::bad_shape, what,
+                  fmt::format("expected non-negative dimensions, got {}", shape_string(t.shape)));
     }
   }
   if (t.data == nullptr && checked_numel(t.shape, dtype_size(t.dtype), what) > 0) {
-    throw Error(fmt::format("{}: data pointer is null", what));
+    throw Error(ErrorKind::bad_value, what, "data pointer is null");
   }
   check_c_order(t, what);
 }
@@ -73,15 +76,17 @@ void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
 void check_dim(const TensorRef& t, std::size_t axis, int64_t expected, const char* what,
                const char* name) {
   if (t.shape[axis] != expected) {
-    throw Error(fmt::format("{}: expected {} = {} at dimension {}, got shape {}", what, name,
-                            expected, axis, shape_string(t.shape)));
+    throw Error(ErrorKind::bad_shape, what,
+                fmt::format("expected {} = {} at dimension {}, got shape {}", name, expected, axis,
+                            shape_string(t.shape)));
   }
 }
 
 void check_dtype(const TensorRef& t, DType dtype, const char* what, const char* whose) {
   if (t.dtype != dtype) {
-    throw Error(fmt::format("{}: expected dtype {} (the dtype of {}), got {}", what,
-                            dtype_name(dtype), whose, dtype_name(t.dtype)));
+    throw Error(ErrorKind::bad_type, what,
+                fmt::format("expected dtype {} (the dtype of {}), got {}", dtype_name(dtype), whose,
+                            dtype_name(t.dtype)));
   }
 }
 
@@ -118,15 +123,25 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   d.E = q.shape[3];
   d.Hkv = k_cache.shape[2];
   d.Ev = v_cache.shape[3];
-  if (d.Hq < 1) throw Error(fmt::format("q: expected Hq >= 1 at dimension 2, got {}", d.Hq));
-  if (d.E < 1) throw Error(fmt::format("q: expected E >= 1 at dimension 3, got {}", d.E));
-  if (d.Hkv < 1) {
-    throw Error(fmt::format("k_cache: expected Hkv >= 1 at dimension 2, got {}", d.Hkv));
+  if (d.Hq < 1) {
+    throw Error(ErrorKind::bad_shape, "q",
+                fmt::format("expected Hq >= 1 at dimension 2, got {}", d.Hq));
   }
-  if (d.Ev < 1) throw Error(fmt::format("v_cache: expected Ev >= 1 at dimension 3, got {}", d.Ev));
+  if (d.E < 1)
+    throw Error(ErrorKind::bad_shape, "q",
+                fmt::format("expected E >= 1 at dimension 3, got {}", d.E));
+  if (d.Hkv < 1) {
+    throw Error(ErrorKind::bad_shape, "k_cache",
+                fmt::format("expected Hkv >= 1 at dimension 2, got {}", d.Hkv));
+  }
+  if (d.Ev < 1) {
+    throw Error(ErrorKind::bad_shape, "v_cache",
+                fmt::format("expected Ev >= 1 at dimension 3, got {}", d.Ev));
+  }
   if (d.Hq % d.Hkv != 0) {
-    throw Error(fmt::format(
-        "k_cache: expected a number of heads Hkv dividing q's Hq = {}, got Hkv = {}", d.Hq, d.Hkv));
+    throw Error(ErrorKind::bad_shape, "k_cache",
+                fmt::format("expected a number of heads Hkv dividing q's Hq = {}, got Hkv = {}",
+                            d.Hq, d.Hkv));
   }
   check_dim(k_cache, 3, d.E, "k_cache", "q's E");
   check_dim(v_cache, 2, d.Hkv, "v_cache", "k_cache's Hkv");
@@ -138,15 +153,17 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   if (r.paged) {
     const Int32TensorRef& bt = *in.block_table;
     if (bt.shape.size() != 2 || bt.shape[0] != d.batch || bt.shape[1] < 0) {
-      throw Error(fmt::format("block_table: expected shape (batch = {}, max_blocks), got {}",
-                              d.batch, shape_string(bt.shape)));
+      throw Error(ErrorKind::bad_shape, "block_table",
+                  fmt::format("expected shape (batch = {}, max_blocks), got {}", d.batch,
+                              shape_string(bt.shape)));
     }
     if (k_cache.shape[1] < 1) {
-      throw Error(fmt::format("k_cache: expected page_size >= 1 at dimension 1, got shape {}",
+      throw Error(ErrorKind::bad_shape, "k_cache",
+                  fmt::format("expected page_size >= 1 at dimension 1, got shape {}",
                               shape_string(k_cache.shape)));
     }
     if (bt.data == nullptr && bt.shape[0] * bt.shape[1] > 0) {
-      throw Error("block_table: data pointer is null");
+      throw Error(ErrorKind::bad_value, "block_table", "data pointer is null");
     }
     r.num_blocks = k_cache.shape[0];
     d.page_size = k_cache.shape[1];
@@ -163,17 +180,20 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   if (in.cache_seqlens != nullptr) {
     const Int32TensorRef& sl = *in.cache_seqlens;
     if (sl.shape.size() != 1 || sl.shape[0] != d.batch) {
-      throw Error(fmt::format("cache_seqlens: expected shape (batch = {},), got {}", d.batch,
-                              shape_string(sl.shape)));
+      throw Error(
+          ErrorKind::bad_shape, "cache_seqlens",
+          fmt::format("expected shape (batch = {},), got {}", d.batch, shape_string(sl.shape)));
     }
-    if (sl.data == nullptr && d.batch > 0) throw Error("cache_seqlens: data pointer is null");
+    if (sl.data == nullptr && d.batch > 0) {
+      throw Error(ErrorKind::bad_value, "cache_seqlens", "data pointer is null");
+    }
     for (int64_t b = 0; b < d.batch; ++b) {
       const int64_t n = sl.data[b];
       if (n < 0 || n > r.capacity) {
-        throw Error(
-            fmt::format("cache_seqlens: expected lengths in [0, {}] (the cache's capacity"
-                        "), got cache_seqlens[{}] = {}",
-                        r.capacity, b, n));
+        throw Error(ErrorKind::bad_value, "cache_seqlens",
+                    fmt::format("expected lengths in [0, {}] (the cache's capacity), got "
+                                "cache_seqlens[{}] = {}",
+                                r.capacity, b, n));
       }
       r.cached[static_cast<std::size_t>(b)] = n;
     }
@@ -182,8 +202,8 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   if ((in.k == nullptr) != (in.v == nullptr)) {
     const char* missing = in.k == nullptr ? "k" : "v";
     const char* given = in.k == nullptr ? "v" : "k";
-    throw Error(
-        fmt::format("{}: expected k and v together, got {} without {}", missing, given, missing));
+    throw Error(ErrorKind::bad_value, missing,
+                fmt::format("expected k and v together, got {} without {}", given, missing));
   }
   if (in.k != nullptr) {
     check_float_rank4(*in.k, "k", "(batch, L_new, Hkv, E)", true);
@@ -201,10 +221,10 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
     for (int64_t b = 0; b < d.batch; ++b) {
       const int64_t n = r.cached[static_cast<std::size_t>(b)];
       if (n + r.L_new > r.capacity) {
-        throw Error(
-            fmt::format("k: appending {} rows at cache_seqlens[{}] = {} would pass the "
-                        "cache's capacity {}",
-                        r.L_new, b, n, r.capacity));
+        throw Error(ErrorKind::bad_value, "k",
+                    fmt::format("appending {} rows at cache_seqlens[{}] = {} would pass the "
+                                "cache's capacity {}",
+                                r.L_new, b, n, r.capacity));
       }
     }
   }
@@ -223,10 +243,11 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
       for (int64_t i = 0; i < pages; ++i) {
         const int64_t page = d.block_table[b * d.max_blocks + i];
         if (page < 0 || page >= r.num_blocks) {
-          throw Error(fmt::format(
-              "block_table: expected block indices in [0, {}) (k_cache's num_blocks), got "
-              "block_table[{}][{}] = {} (sequence {} uses {} pages of {} rows)",
-              r.num_blocks, b, i, page, b, pages, d.page_size));
+          throw Error(ErrorKind::bad_value, "block_table",
+                      fmt::format("expected block indices in [0, {}) (k_cache's num_blocks), got "
+                                  "block_table[{}][{}] = {} (sequence {} uses {} pages of {} "
+                                  "rows)",
+                                  r.num_blocks, b, i, page, b, pages, d.page_size));
         }
       }
       for (int64_t s = r.cached[static_cast<std::size_t>(b)]; s < S; ++s) {
@@ -236,10 +257,10 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
     std::sort(appended.begin(), appended.end());
     const auto dup = std::adjacent_find(appended.begin(), appended.end());
     if (dup != appended.end()) {
-      throw Error(
-          fmt::format("block_table: expected distinct cache rows for the appended k/v, "
-                      "got two sequences writing row {} of block {}",
-                      dup->second, dup->first));
+      throw Error(ErrorKind::bad_value, "block_table",
+                  fmt::format("expected distinct cache rows for the appended k/v, got two "
+                              "sequences writing row {} of block {}",
+                              dup->second, dup->first));
     }
   }
   return r;
@@ -297,7 +318,8 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   check_outputs(r, out, lse);
   detail::DecodeProblem& d = r.decode;
   if (options.scale.has_value() && !std::isfinite(*options.scale)) {
-    throw Error(fmt::format("scale: expected a finite number, got {}", *options.scale));
+    throw Error(ErrorKind::bad_value, "scale",
+                fmt::format("expected a finite number, got {}", *options.scale));
   }
   d.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.E)));
   d.causal = options.causal ? Causal::lower_right : Causal::none;

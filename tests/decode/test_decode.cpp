@@ -493,6 +493,11 @@ TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
     } catch (const sdpa::Error& e) {
       EXPECT_EQ(std::string(e.what()).rfind(std::string(f.what) + ":", 0), 0u)
           << "refusal " << n << ": '" << e.what() << "' should start with '" << f.what << ":'";
+      // The argument and the kind as data, not only in the text: a dtype refusal is bad_type.
+      EXPECT_EQ(e.argument(), f.what) << "refusal " << n << ": " << e.what();
+      EXPECT_EQ(e.kind() == sdpa::ErrorKind::bad_type,
+                std::string(e.what()).find("dtype") != std::string::npos)
+          << "refusal " << n << ": " << e.what();
     }
     EXPECT_EQ(std::memcmp(x.k_cache.data(), k_before.data(), k_before.nbytes()), 0)
         << "refusal " << n << " changed k_cache";

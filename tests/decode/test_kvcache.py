@@ -229,3 +229,25 @@ def test_float16_caches_equal_their_widened_float32():
     with pytest.raises(TypeError, match="k: expected dtype float16"):
         sdpa.attention_with_kvcache(q, kc16, vc16, k, v16, sl, table)  # float32 k, float16 cache
     assert np.array_equal(kc16, before)
+
+
+def test_float16_query_returns_float32_lse():
+    # lse is float32 for a 16-bit query, as in the C++ API; out keeps the query's dtype and is
+    # the float32 call's result rounded (its lse the float32 call's exactly).
+    rng = np.random.default_rng(7)
+    kc = rng.standard_normal((1, 9, 2, 8)).astype(np.float16)
+    vc = rng.standard_normal((1, 9, 2, 8)).astype(np.float16)
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float16)
+    out, lse = sdpa.attention_with_kvcache(q, kc, vc, return_lse=True)
+    assert out.dtype == np.float16 and lse.dtype == np.float32 and lse.shape == (1, 2, 1)
+    out32, lse32 = sdpa.attention_with_kvcache(q.astype(np.float32), kc, vc, return_lse=True)
+    assert np.array_equal(out, out32.astype(np.float16))
+    assert np.array_equal(lse, lse32)
+
+
+@pytest.mark.parametrize("scale", ["0.5", True, [0.5], 1j])
+def test_scale_must_be_a_real_number(scale):
+    rng = np.random.default_rng(8)
+    q, kc, vc, _, _, _, _ = make(rng, np.float32, 1, 1, 2, 2, 8, 8, 0, 10, [5], 0)
+    with pytest.raises(TypeError, match="scale"):
+        sdpa.attention_with_kvcache(q, kc, vc, scale=scale)

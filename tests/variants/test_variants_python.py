@@ -87,6 +87,9 @@ def test_scaled_dot_product_attention_dropout():
     ({"sinks": [1.0, 2.0, 3.0]}, ValueError, "sinks"),
     ({"dropout_p": 1.0}, ValueError, "dropout_p"),
     ({"seed": -1}, ValueError, "seed"),
+    ({"seed": 2**64}, ValueError, "seed"),
+    ({"seed": 1.5}, TypeError, "seed"),
+    ({"window_size": (2**70, 1)}, ValueError, "window_size"),
     ({"windows": (1, 1)}, TypeError, "windows"),
 ])
 def test_bad_keywords_name_the_argument(kwargs, error, fragment):
@@ -295,3 +298,33 @@ def test_varlen_max_seqlen_checked():
     q = rand(6, 2, 4)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         sdpa.attention_varlen(q, q, q, [0, 2, 6], [0, 2, 6], 3, 6)
+
+
+def test_numpy_integers_are_ints():
+    # seed, window_size and threads take NumPy integers as Python's.
+    q = rand(1, 2, 9, 4, seed=61)
+    a = sdpa.scaled_dot_product_attention(q, q, q, dropout_p=0.2, seed=5, window_size=(3, 1),
+                                          threads=2)
+    b = sdpa.scaled_dot_product_attention(q, q, q, dropout_p=0.2, seed=np.uint64(5),
+                                          window_size=(np.int64(3), np.int32(1)),
+                                          threads=np.int64(2))
+    assert a.tobytes() == b.tobytes()
+
+
+def test_varlen_reads_byte_swapped_arrays():
+    # A '>f8' array holds the same values as its native copy, and gives the same results.
+    lengths = [7, 12]
+    q, cu = pack(lengths, 2, 4, 71)
+    k, _ = pack(lengths, 2, 4, 72)
+    v, _ = pack(lengths, 2, 4, 73)
+    g, _ = pack(lengths, 2, 4, 74)
+    swapped = [a.astype(a.dtype.newbyteorder(">" if a.dtype.byteorder != ">" else "<"))
+               for a in (q, k, v, g)]
+    assert all(np.array_equal(a, b) for a, b in zip((q, k, v, g), swapped))
+    out, lse = sdpa.attention_varlen(q, k, v, cu, cu, 12, 12, return_lse=True)
+    out_s, lse_s = sdpa.attention_varlen(*swapped[:3], cu, cu, 12, 12, return_lse=True)
+    assert np.array_equal(out, out_s) and np.array_equal(lse, lse_s)
+    grads = sdpa.attention_varlen_backward(q, k, v, cu, cu, 12, 12, out, lse, g)
+    grads_s = sdpa.attention_varlen_backward(*swapped[:3], cu, cu, 12, 12, out, lse, swapped[3])
+    for a, b in zip(grads, grads_s):
+        assert np.array_equal(a, b)
