@@ -197,22 +197,9 @@ Input prepare(const py::handle& obj, const std::string& what, Role role,
                          "bits), got " +
                          text_of(dt));
   }
-  if (role == Role::mask) {
-    // A broadcast view (np.broadcast_to) repeats data with stride 0. The C++ API broadcasts a
-    // mask's size-1 dimensions itself, so one slice of such a dimension is all it needs: a
-    // (L, S) mask broadcast to (B, H, L, S) costs L * S, not B * H * L * S.
-    const py::object slice = py::module_::import("builtins").attr("slice");
-    py::tuple index(a.ndim());
-    bool any = false;
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-      // NumPy gives an empty array stride 0 everywhere: a (0, 7) mask is not a broadcast view,
-      // and slicing it would misreport its shape as (0, 1).
-      const bool repeated = a.strides(i) == 0 && a.shape(i) > 1 && a.size() > 0;
-      index[static_cast<std::size_t>(i)] = repeated ? slice(0, 1) : slice(py::none());
-      any = any || repeated;
-    }
-    if (any) a = a[index];
-  }
+  // A broadcast view (np.broadcast_to) repeats data with stride 0: it goes to the C++ API as it
+  // is, shape and zero strides, read in place (a (L, S) mask broadcast to (B, H, L, S) costs
+  // L * S), and its shape checked as the caller gave it.
   // Zero-copy for a strided view the C++ API reads in place (the attention functions), and for
   // a C-contiguous, aligned array of native byte order: np.require returns the very same object
   // then ('E': a plain ndarray, not a subclass).

@@ -121,16 +121,31 @@ def test_copy_for_other_layouts():
 
 
 def test_broadcast_mask_is_not_expanded():
-    """np.broadcast_to(mask, big) keeps one slice along each repeated dimension: the C++ API
-    broadcasts size-1 dimensions itself."""
+    """np.broadcast_to(mask, big) goes to the C++ API as the view it is (zero strides, no copy),
+    which reads it in place."""
     small = np.random.default_rng(0).random((1, 5, 7)) < 0.6
     small[..., 0] = True
     wide = np.broadcast_to(small, (2, 3, 5, 7))
     got = sdpa._prepared(wide, mask=True)
-    assert got.shape == (1, 1, 5, 7) and np.shares_memory(got, small)
+    assert got.shape == (2, 3, 5, 7) and got.strides[:2] == (0, 0)
+    assert np.shares_memory(got, small)
     q, k, v = qkv(np.float64)
     out = sdpa.scaled_dot_product_attention(q, k, v, wide)
     assert_close("broadcast mask", out, numpy_attention(q, k, v, wide), contract(np.float64))
+
+
+@pytest.mark.parametrize("shape", [(4, 5, 7), (6, 7), (9, 2, 3, 5, 7)])
+def test_broadcast_mask_of_the_wrong_shape_is_refused_as_its_dense_copy(shape):
+    # Hq = 3, L = 5, S = 7: each shape has a repeated dimension that does not fit.
+    q = np.zeros((2, 3, 5, 4), np.float32)
+    k = np.zeros((2, 3, 7, 4), np.float32)
+    view = np.broadcast_to(np.zeros((1,) * (len(shape) - 1) + (7,), np.float32), shape)
+    messages = []
+    for m in (view, np.ascontiguousarray(view)):
+        with pytest.raises(ValueError, match="attn_mask") as e:
+            sdpa.scaled_dot_product_attention(q, k, k, m)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and str(shape).replace(" ", "") in messages[0].replace(" ", "")
 
 
 def test_non_contiguous_and_broadcast_inputs():

@@ -238,7 +238,8 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
           fmt::format("expected a shape that broadcasts to {}, got {} (rank {} > {})",
                       shape_string(target), shape_string(m.shape), m.shape.size(), target.size()));
     }
-    // Strides of the mask aligned to target's dimensions (0 where broadcast or missing).
+    // Strides of the mask aligned to target's dimensions (0 where broadcast or missing): its own
+    // strides when it has them (a view, stride-0 dimensions included), else C order.
     std::vector<std::int64_t> stride(target.size(), 0);
     std::int64_t running = 1;
     const std::size_t lead = target.size() - m.shape.size();
@@ -253,7 +254,9 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
                                 "{} is {}, expected {})",
                                 shape_string(target), shape_string(m.shape), i, md, allowed));
       }
-      stride[lead + i] = (md == 1) ? 0 : running;
+      // (A stride count that differs from the rank is refused by check_strides.)
+      const std::int64_t own = m.strides.size() == m.shape.size() ? m.strides[i] : running;
+      stride[lead + i] = (md == 1) ? 0 : own;
       running *= md;
     }
     if (m.data == nullptr && m.numel() != 0) {
@@ -262,7 +265,6 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
     p.mask.present = true;
     p.mask.dtype = m.dtype;
     p.mask.data = m.data;
-    p.mask.numel = m.numel();
     const std::size_t t = target.size();
     p.mask.stride_s = stride[t - 1];
     p.mask.stride_l = stride[t - 2];

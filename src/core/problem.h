@@ -36,7 +36,6 @@ struct MaskView {
   bool present = false;
   DType dtype = DType::boolean;
   const void* data = nullptr;
-  std::int64_t numel = 0;                  // elements stored (before broadcasting)
   std::vector<std::int64_t> batch_offset;  // one per flattened batch index b
   std::int64_t stride_h = 0, stride_l = 0, stride_s = 0;
 

@@ -144,18 +144,46 @@ double max_finite_abs(const InputView& v, std::int64_t B, std::int64_t H, std::i
   return m;
 }
 
-double max_positive_mask(const MaskView& m) {
-  if (!m.present) return 0.0;
-  switch (m.dtype) {
-    case DType::float32:
-      return HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(static_cast<const float*>(m.data), m.numel,
-                                                  false);
-    case DType::float64:
-      return HWY_DYNAMIC_DISPATCH(MaxFiniteDouble)(static_cast<const double*>(m.data), m.numel,
-                                                   false);
-    default:
-      return 0.0;  // boolean: 0 or -inf
+// The largest finite positive value of the mask, read through its view: each stored row once
+// (a stride-0 dimension, the broadcast ones, is visited at index 0 only), rows of S contiguous
+// values in one vectorised pass.
+double max_positive_mask(const Problem& p) {
+  const MaskView& m = p.mask;
+  if (!m.present || (m.dtype != DType::float32 && m.dtype != DType::float64)) {
+    return 0.0;  // none, or boolean: 0 or -inf
   }
+  std::vector<std::int64_t> batches = m.batch_offset;
+  std::sort(batches.begin(), batches.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+  const std::int64_t H = m.stride_h == 0 ? 1 : p.Hq, L = m.stride_l == 0 ? 1 : p.L;
+  const std::int64_t S = m.stride_s == 0 ? std::min<std::int64_t>(p.S, 1) : p.S;
+  // The largest finite positive value of a row of S values stride_s apart.
+  const auto strided_max = [&](const auto* x) -> double {
+    double r = 0.0;
+    for (std::int64_t s = 0; s < S; ++s) {
+      const double v = static_cast<double>(x[s * m.stride_s]);
+      if (std::isfinite(v)) r = std::max(r, v);
+    }
+    return r;
+  };
+  const auto row_max = [&](std::int64_t offset) -> double {
+    if (m.dtype == DType::float32) {
+      const float* x = static_cast<const float*>(m.data) + offset;
+      if (m.stride_s != 1 && S > 1) return strided_max(x);
+      return static_cast<double>(HWY_DYNAMIC_DISPATCH(MaxFiniteFloat)(x, S, false));
+    }
+    const double* x = static_cast<const double*>(m.data) + offset;
+    if (m.stride_s != 1 && S > 1) return strided_max(x);
+    return HWY_DYNAMIC_DISPATCH(MaxFiniteDouble)(x, S, false);
+  };
+  double r = 0.0;
+  for (const std::int64_t b : batches) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      for (std::int64_t l = 0; l < L; ++l)
+        r = std::max(r, row_max(b + h * m.stride_h + l * m.stride_l));
+    }
+  }
+  return r;
 }
 
 }  // namespace
@@ -177,7 +205,7 @@ bool float32_may_overflow(const Problem& p, const void* grad_out) {
   // q of 3e38).
   const double sc = std::max(scale, 1.0);
   // Scores, mask included.
-  if (sc * E * mq * mk + max_positive_mask(p.mask) > kLimit) return true;
+  if (sc * E * mq * mk + max_positive_mask(p) > kLimit) return true;
   // The forward's accumulator: at most S weights of at most 1 times max|v|.
   if (S * mv > kLimit) return true;
   if (grad_out == nullptr) return false;

@@ -23,6 +23,7 @@
 #include "core/problem.h"
 #include "hwy/highway.h"
 #include "kernels/dispatch.h"
+#include "kernels/kernels.h"
 #include "sdpa/sdpa.h"
 
 namespace {
@@ -450,5 +451,59 @@ TEST(StridedKernels, RunsCoverEveryElementOfAView) {
     if (c.one_run) {
       EXPECT_EQ(runs, 1);
     }
+  }
+}
+
+// A mask view: broadcast (stride 0) over huge batch and head dimensions from an (L, S) buffer of
+// exactly L * S values, and the columns [0, S) of a wider buffer whose one large positive value
+// lies inside the view but past its first L * S stored values. The range guard reads the view
+// through its strides: the first call reads nothing past the buffer and equals the plain (L, S)
+// mask's; the second sees the 1e37 (the call goes to the reference), where reading L * S
+// contiguous values from the start would have missed it.
+TEST(StridedKernels, RangeGuardReadsMasksThroughTheirStrides) {
+  constexpr int64_t L = 20, S = 24, E = 8, B = 64, H = 64;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto random = [&](int64_t n) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& e : x) e = normal(rng);
+    return x;
+  };
+  const std::vector<float> q = random(B * H * L * E), k = random(B * H * S * E),
+                           v = random(B * H * S * E);
+  const TensorRef qr{q.data(), DType::float32, {B, H, L, E}};
+  const TensorRef kr{k.data(), DType::float32, {B, H, S, E}};
+  const TensorRef vr{v.data(), DType::float32, {B, H, S, E}};
+  AttentionOptions o;
+  o.threads = 2;
+  {
+    const auto base = std::make_unique<float[]>(static_cast<std::size_t>(L * S));
+    for (int64_t i = 0; i < L * S; ++i) base[static_cast<std::size_t>(i)] = normal(rng);
+    const TensorRef broadcast{base.get(), DType::float32, {B, H, L, S}, {0, 0, S, 1}};
+    const TensorRef plain{base.get(), DType::float32, {L, S}};
+    std::vector<float> a(static_cast<std::size_t>(B * H * L * E)), b(a.size());
+    sdpa::attention_forward(qr, kr, vr, &broadcast, o,
+                            MutableTensorRef{a.data(), DType::float32, {B, H, L, E}});
+    sdpa::attention_forward(qr, kr, vr, &plain, o,
+                            MutableTensorRef{b.data(), DType::float32, {B, H, L, E}});
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  }
+  {
+    std::vector<float> wide(static_cast<std::size_t>(L * 2 * S), 0.0f);
+    wide[static_cast<std::size_t>((L - 1) * 2 * S + S - 1)] = 1e37f;  // last row, last column
+    const TensorRef view{wide.data(), DType::float32, {L, S}, {2 * S, 1}};
+    const TensorRef q1{q.data(), DType::float32, {1, 1, L, E}};
+    const TensorRef k1{k.data(), DType::float32, {1, 1, S, E}};
+    const TensorRef v1{v.data(), DType::float32, {1, 1, S, E}};
+    EXPECT_TRUE(
+        sdpa::detail::float32_may_overflow(sdpa::detail::resolve_problem(q1, k1, v1, &view, o)));
+    std::vector<float> out(static_cast<std::size_t>(L * E)), ref(out.size());
+    sdpa::attention_forward(q1, k1, v1, &view, o,
+                            MutableTensorRef{out.data(), DType::float32, {1, 1, L, E}});
+    AttentionOptions r = o;
+    r.impl = Impl::reference;
+    sdpa::attention_forward(q1, k1, v1, &view, r,
+                            MutableTensorRef{ref.data(), DType::float32, {1, 1, L, E}});
+    EXPECT_EQ(std::memcmp(out.data(), ref.data(), out.size() * sizeof(float)), 0);
   }
 }
