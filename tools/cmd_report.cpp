@@ -20,6 +20,7 @@ struct ReportArgs {
   std::uint64_t seed = 1;
   int threads = 0;
   std::string from;
+  bool from_given = false;  // --from '' is given, and names no folder
   bool json = false;
 };
 
@@ -39,7 +40,14 @@ void run(const ReportArgs& a) {
   }
   o.seed = a.seed;
   o.threads = a.threads;
-  if (!a.from.empty()) o.from = a.from;
+  if (a.from_given) {
+    if (a.from.empty()) {
+      throw Error(ErrorKind::bad_value, "--from",
+                  "expected a folder with the lab's JSON files (an earlier report's data/), "
+                  "got ''");
+    }
+    o.from = a.from;
+  }
   o.progress = stderr_is_terminal();
   const report::ReportSummary s = report::write_report(o);
   if (a.json) {
@@ -81,7 +89,10 @@ void add_report_command(CLI::App& app) {
                   "re-render from earlier results instead of running: a folder with "
                   "<experiment>.json and bench.json (an earlier report's data/)");
   cmd->add_flag("--json", args->json, "print one JSON object describing what was written");
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, cmd] {
+    args->from_given = cmd->count("--from") > 0;
+    run(*args);
+  });
 }
 
 }  // namespace sdpa::cli

@@ -42,6 +42,16 @@ std::atomic<int> g_pending_signal{0};  // the signal that arrived meanwhile
 std::mutex g_registry_mutex;           // between threads registering; never taken by the handler
 std::once_flag g_handlers_once;
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// A crash (a bad pointer, an abort) removes the temporaries too, at once: the faulting
+// instruction would fault again if the handler returned to wait for a commit's renames.
+constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+bool is_fault(int sig) {
+  for (int f : kFaultSignals) {
+    if (f == sig) return true;
+  }
+  return false;
+}
 
 // Removes the folder at `dirfd`'s `name` with its contents, async-signal-safely (open, the raw
 // getdents64 system call, unlinkat; no allocation). Depth-limited: the report's folder is 2 deep.
@@ -86,7 +96,7 @@ void remove_registered() {
 
 void on_signal(int sig) {
   const int saved_errno = errno;
-  if (g_committing.load() > 0) {
+  if (g_committing.load() > 0 && !is_fault(sig)) {
     g_pending_signal.store(sig);  // commit() re-raises it when the renames are done
     errno = saved_errno;
     return;
@@ -101,19 +111,22 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
+void install_handler(int sig) {
+  struct sigaction old {};
+  if (::sigaction(sig, nullptr, &old) != 0) return;
+  // Leave ignored signals ignored (nohup) and handlers someone else installed (Python's SIGINT)
+  // alone: only the default action would leave the temporaries behind.
+  if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_NODEFER;
+  ::sigaction(sig, &sa, nullptr);
+}
+
 void install_handlers() {
-  for (int sig : kSignals) {
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0) continue;
-    // Leave ignored signals ignored (nohup) and handlers someone else installed (Python's SIGINT)
-    // alone: only the default action would leave the temporaries behind.
-    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_NODEFER;
-    ::sigaction(sig, &sa, nullptr);
-  }
+  for (int sig : kSignals) install_handler(sig);
+  for (int sig : kFaultSignals) install_handler(sig);
 }
 
 int register_temporary(const std::string& path, SlotState state) {

@@ -14,7 +14,8 @@
 // On an error (an exception, or destruction without commit) every temporary is removed. On
 // SIGINT, SIGTERM or SIGHUP a handler unlinks the registered temporaries with async-signal-safe
 // calls, then re-raises the signal with its default action; a signal that arrives during
-// commit() waits until the renames (or their rollback) are done.
+// commit() waits until the renames (or their rollback) are done. A crash (SIGSEGV, SIGBUS,
+// SIGFPE, SIGILL, SIGABRT) removes them the same way, at once.
 //
 // Targets that are not regular files: a symbolic link is followed, so the file it points to is
 // replaced and the link stays; a directory (for add_file), a FIFO, a socket or a device node

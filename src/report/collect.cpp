@@ -68,6 +68,65 @@ json read_json_file(const fs::path& path) {
   }
 }
 
+// The shape the sections read, checked on files given with --from, so that a file of the wrong
+// shape is refused naming it rather than failing deep in the page: a lab result is an object
+// whose "tables" are arrays of objects (rows); bench.json is an object whose "rows" are objects
+// and whose "accuracy" has "impls" of objects of objects.
+void check_lab_shape(const fs::path& path, const json& result) {
+  auto refuse = [&](const std::string& what) {
+    throw Error(
+        ErrorKind::io, "--from",
+        fmt::format("{}: expected a lab result (`sdpa lab --json`), got {}", path.string(), what));
+  };
+  if (!result.is_object()) refuse(fmt::format("a JSON {}", result.type_name()));
+  if (!result.contains("tables")) return;
+  const json& tables = result["tables"];
+  if (!tables.is_object()) refuse(fmt::format("\"tables\" as a JSON {}", tables.type_name()));
+  for (const auto& [name, rows] : tables.items()) {
+    if (!rows.is_array()) refuse(fmt::format("table \"{}\" as a JSON {}", name, rows.type_name()));
+    for (const auto& row : rows) {
+      if (!row.is_object()) {
+        refuse(fmt::format("a row of table \"{}\" as a JSON {}", name, row.type_name()));
+      }
+    }
+  }
+}
+
+void check_bench_shape(const fs::path& path, const json& bench) {
+  auto refuse = [&](const std::string& what) {
+    throw Error(ErrorKind::io, "--from",
+                fmt::format("{}: expected the benchmark's results (an earlier report's "
+                            "data/bench.json), got {}",
+                            path.string(), what));
+  };
+  if (!bench.is_object()) refuse(fmt::format("a JSON {}", bench.type_name()));
+  if (bench.contains("rows")) {
+    const json& rows = bench["rows"];
+    if (!rows.is_array()) refuse(fmt::format("\"rows\" as a JSON {}", rows.type_name()));
+    for (const auto& row : rows) {
+      if (!row.is_object()) refuse(fmt::format("a row as a JSON {}", row.type_name()));
+    }
+  }
+  if (bench.contains("accuracy")) {
+    const json& a = bench["accuracy"];
+    if (!a.is_object()) refuse(fmt::format("\"accuracy\" as a JSON {}", a.type_name()));
+    if (!a.contains("impls")) return;
+    if (!a["impls"].is_object()) {
+      refuse(fmt::format("\"accuracy.impls\" as a JSON {}", a["impls"].type_name()));
+    }
+    for (const auto& [impl, outputs] : a["impls"].items()) {
+      if (!outputs.is_object()) {
+        refuse(fmt::format("\"accuracy.impls.{}\" as a JSON {}", impl, outputs.type_name()));
+      }
+      for (const auto& [name, e] : outputs.items()) {
+        if (!e.is_object()) {
+          refuse(fmt::format("\"accuracy.impls.{}.{}\" as a JSON {}", impl, name, e.type_name()));
+        }
+      }
+    }
+  }
+}
+
 // Benchmark shapes. Quick: L = S = 1024 (2.1 GFLOP per forward at E = 64, tens of ms even for
 // the naive baseline), so the whole benchmark stays within a few seconds. Full:
 // the kernel's target shapes, L = S = 4096.
@@ -202,6 +261,7 @@ Inputs collect(const ReportOptions& options, const Progress& progress) {
       const fs::path p = dir / (name + ".json");
       if (fs::exists(p)) {
         in.lab[name] = read_json_file(p);
+        check_lab_shape(p, in.lab[name]);
       } else {
         in.missing[name] = fmt::format("{} was not found", p.string());
       }
@@ -209,6 +269,7 @@ Inputs collect(const ReportOptions& options, const Progress& progress) {
     const fs::path b = dir / "bench.json";
     if (fs::exists(b)) {
       in.bench = read_json_file(b);
+      check_bench_shape(b, in.bench);
     } else {
       in.bench_missing = fmt::format("{} was not found", b.string());
     }

@@ -77,7 +77,7 @@ ReportSummary write_report(const ReportOptions& options) {
   const fs::path final_dir = out.has_filename() ? out : out.parent_path();
   // The folder is built in a temporary beside --out, created now: an unwritable place fails
   // before minutes of experiments. The commit swaps it in whole, and it is removed on an error
-  // or on SIGINT, SIGTERM, SIGHUP (io/output.h).
+  // or on SIGINT, SIGTERM, SIGHUP or a crash (io/output.h).
   io::OutputCommit commit;
   const fs::path tmp = commit.directory(commit.add_directory("--out", final_dir.string()));
   // Before running minutes of experiments: the figures need gnuplot.
@@ -97,7 +97,18 @@ ReportSummary write_report(const ReportOptions& options) {
   fs::create_directories(tmp / "figures");
   fs::create_directories(tmp / "data");
   progress("figures");
-  Built built = build_document(inputs, options, tmp / ".gnuplot");
+  Built built;
+  try {
+    built = build_document(inputs, options, tmp / ".gnuplot");
+  } catch (const nlohmann::json::exception& e) {
+    // The sections read what collect() checked; a value of another type deeper down still
+    // names the folder it came from.
+    if (!options.from) throw;
+    throw Error(ErrorKind::io, "--from",
+                fmt::format("{}: expected the lab's and the benchmark's results, got a value of "
+                            "another type: {}",
+                            options.from->string(), e.what()));
+  }
   for (const auto& [id, svg] : built.figure_svgs) write_file(tmp / "figures" / (id + ".svg"), svg);
   for (const auto& [name, text] : built.data_files) write_file(tmp / "data" / name, text);
   for (const auto& [name, result] : inputs.lab) {

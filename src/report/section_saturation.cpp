@@ -337,7 +337,13 @@ void section_alternatives(Page& page) {
       f.panels.push_back(p);
     }
     page.figure(s, f);
-    const double d_max = distinct_numbers(t, "d").back();
+    const std::vector<double> ds = distinct_numbers(t, "d");
+    if (ds.empty()) {
+      page.note(s, page.tr("Not shown: the table `alternatives` has no row with a numeric `d`.",
+                           "未显示：表 `alternatives` 没有数值 `d` 的行。"));
+      return;
+    }
+    const double d_max = ds.back();
     page.key_rows(
         s, "saturation", "alternatives", where(t, [&](Row r) { return num(r, "d") == d_max; }),
         {"sigma", "d", "method", "logit_std_theory", "logit_std", "entropy", "max_prob",

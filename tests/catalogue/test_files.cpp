@@ -162,7 +162,8 @@ TEST_F(Files, SignalsRemoveTheTemporariesAndKeepTheOldOutput) {
   save("big_q.npy", sdpa::test::random_array(DType::float32, {1, 4, 1536, 64}, 1));
   save("big_k.npy", sdpa::test::random_array(DType::float32, {1, 4, 1536, 64}, 2));
   save("big_v.npy", sdpa::test::random_array(DType::float32, {1, 4, 1536, 64}, 3));
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+  // SIGSEGV and SIGABRT stand for a crash: the temporaries go with the process.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGSEGV, SIGABRT}) {
     text("out.npy", "old out");
     fs::remove(path("lse.npy"));
     const pid_t pid = sdpa::test::start_cli(
@@ -469,6 +470,55 @@ TEST_F(Files, ReportFromBadJsonIsExitTwo) {
   const CliResult r = cli({"report", "--from", path("from"), "--out", path("report")}, 20);
   EXPECT_FALSE(r.timed_out) << "report --from hung on a FIFO";
   EXPECT_EQ(r.status, 2) << r.err;
+}
+
+// --from '' names no folder: exit 2 at once, not a whole lab run.
+TEST_F(Files, ReportFromEmptyIsExitTwo) {
+  const CliResult r = cli({"report", "--from", "", "--out", path("report")}, 20);
+  EXPECT_FALSE(r.timed_out) << "report --from '' ran the lab";
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("sdpa: error: --from: expected a folder"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("report")));
+  EXPECT_TRUE(temporaries().empty()) << joined(temporaries());
+}
+
+// --from with valid JSON of another shape than the lab's and the benchmark's: exit 2 naming
+// --from and the file, nothing written.
+TEST_F(Files, ReportFromJsonOfTheWrongShapeIsExitTwo) {
+  fs::create_directories(path("from"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench.json", "{\"rows\": [1]}"},
+      {"bench.json", "{\"rows\": {}}"},
+      {"bench.json", "{\"rows\": \"x\"}"},
+      {"bench.json", "{\"accuracy\": {\"impls\": {\"fast\": {\"dq\": null}}}, \"rows\": []}"},
+      {"bench.json", "[]"},
+      {"softmax.json", "[1, 2]"},
+      {"softmax.json", "{\"tables\": {\"sweep\": [1, 2]}}"},
+      {"saturation.json", "{\"tables\": {\"alternatives\": [[]]}}"},
+  };
+  for (const auto& [file, content] : cases) {
+    fs::remove_all(path("from"));
+    fs::create_directories(path("from"));
+    text("from/" + file, content);
+    const CliResult r = cli({"report", "--from", path("from"), "--out", path("report")});
+    EXPECT_EQ(r.status, 2) << content << ": " << r.err;
+    EXPECT_NE(r.err.find("sdpa: error: --from: " + path("from/" + file) + ": expected "),
+              std::string::npos)
+        << content << ": " << r.err;
+    EXPECT_FALSE(fs::exists(path("report"))) << content;
+    EXPECT_TRUE(temporaries().empty()) << content << ": " << joined(temporaries());
+  }
+}
+
+// A saturation table whose rows hold no numeric d: the section says so, the rest is written.
+TEST_F(Files, ReportFromTableWithoutItsColumnsIsShownAsMissing) {
+  fs::create_directories(path("from"));
+  text("from/saturation.json", "{\"tables\": {\"alternatives\": [{}]}}");
+  const CliResult r = cli({"report", "--from", path("from"), "--out", path("report")});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("has no row with a numeric `d`"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(path("report/index.html")));
+  EXPECT_TRUE(temporaries().empty()) << joined(temporaries());
 }
 
 // ---- sdpa::Error's kind and argument
