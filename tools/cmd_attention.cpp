@@ -1,7 +1,9 @@
 // sdpa attention: read .npy inputs, run forward (and backward), write .npy outputs atomically.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -90,11 +92,28 @@ AttentionOptions make_options(const AttentionArgs& a) {
   return options;
 }
 
-// The values of a float .npy (--alibi-slopes, --sinks) as float64, flattened.
-std::vector<double> read_values(const std::string& flag, const std::string& path) {
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string text = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    text += std::to_string(shape[i]);
+    text += i + 1 < shape.size() || shape.size() == 1 ? "," : "";
+    if (i + 1 < shape.size()) text += " ";
+  }
+  return text + ")";
+}
+
+// The values of a float .npy (--alibi-slopes, --sinks) as float64, flattened, after checking
+// that its shape is one of `allowed` (the flat data alone cannot tell (B, Hq) from (Hq, B)).
+std::vector<double> read_values(const std::string& flag, const std::string& path,
+                                const std::vector<std::vector<std::int64_t>>& allowed,
+                                const std::string& allowed_text) {
   const Array raw = read_npy(path);
   if (raw.dtype() == DType::boolean) {
     throw Error(ErrorKind::bad_type, flag + " " + path, "expected float32 or float64, got bool");
+  }
+  if (std::find(allowed.begin(), allowed.end(), raw.shape()) == allowed.end()) {
+    throw Error(ErrorKind::bad_shape, flag + " " + path,
+                fmt::format("expected shape {}, got {}", allowed_text, shape_text(raw.shape())));
   }
   const Array a = raw.astype(DType::float64);
   return std::vector<double>(a.data_as<double>(), a.data_as<double>() + a.numel());
@@ -142,21 +161,57 @@ void run(const AttentionArgs& a) {
   }
 
   AttentionOptions options = make_options(a);
-  if (!a.alibi_slopes.empty()) options.alibi_slopes = read_values("--alibi-slopes", a.alibi_slopes);
-  if (!a.sinks.empty()) options.sinks = read_values("--sinks", a.sinks);
   const Array q = read_npy(a.query);
+  // Hq is the query's third dimension from the end ((L, E) has one head); the batch dimensions
+  // come before it.
+  const auto& qs = q.shape();
+  const std::vector<std::int64_t> per_head = {qs.size() >= 3 ? qs[qs.size() - 3] : 1};
+  const std::vector<std::int64_t> per_batch_and_head(qs.begin(),
+                                                     qs.size() >= 2 ? qs.end() - 2 : qs.begin());
+  if (!a.alibi_slopes.empty()) {
+    options.alibi_slopes = read_values(
+        "--alibi-slopes", a.alibi_slopes, {per_head, per_batch_and_head},
+        shape_text(per_head) +
+            (qs.size() >= 4 ? " or " + shape_text(per_batch_and_head) + " (..., Hq)" : "") +
+            " for a query of shape " + shape_text(qs));
+  }
+  if (!a.sinks.empty()) {
+    options.sinks =
+        read_values("--sinks", a.sinks, {per_head},
+                    shape_text(per_head) + " (Hq,) for a query of shape " + shape_text(qs));
+  }
+  // The API's parameters, as this command spells them.
+  const std::map<std::string, std::string> flags = {
+      {"window_left", "--window"},
+      {"window_right", "--window"},
+      {"softcap", "--softcap"},
+      {"dropout_p", "--dropout-p"},
+      {"alibi_slopes", "--alibi-slopes " + a.alibi_slopes},
+      {"sinks", "--sinks " + a.sinks},
+      {"grad_out", "--grad-output " + a.grad_output},
+      {"grad_sinks", "--grad-sinks " + a.grad_sinks}};
   const Array k = read_npy(a.key);
   const Array v = read_npy(a.value);
   std::optional<Array> mask;
   if (!a.mask.empty()) mask = read_npy(a.mask);
+  // A 16-bit mask over float32 or float64 inputs is read as its exact float32 values, as the
+  // library does; converting it here keeps the call off the 16-bit path, which refuses
+  // --grad-sinks for want of a half-precision query, key or value.
+  auto is_16bit = [](DType t) { return t == DType::float16 || t == DType::bfloat16; };
+  if (mask && is_16bit(mask->dtype()) && !is_16bit(q.dtype()) && !is_16bit(k.dtype()) &&
+      !is_16bit(v.dtype())) {
+    mask = mask->astype(DType::float32);
+  }
   const TensorRef mask_ref = mask ? mask->ref() : TensorRef{};
 
   Array out(q.dtype() == DType::boolean ? DType::float32 : q.dtype(),
-            attention_output_shape(q, k, v, options));
+            naming_flags(flags, [&] { return attention_output_shape(q, k, v, options); }));
   const bool half = out.dtype() == DType::float16 || out.dtype() == DType::bfloat16;
   Array lse(half ? DType::float32 : out.dtype(), attention_lse_shape(q));  // float32 for 16-bit
   const MutableTensorRef lse_ref = lse.mut();
-  attention_forward(q, k, v, mask ? &mask_ref : nullptr, options, out.mut(), &lse_ref);
+  naming_flags(flags, [&] {
+    attention_forward(q, k, v, mask ? &mask_ref : nullptr, options, out.mut(), &lse_ref);
+  });
 
   io::write_npy(commit, out_file, out.ref());
   if (lse_file) io::write_npy(commit, *lse_file, lse.ref());
@@ -165,18 +220,10 @@ void run(const AttentionArgs& a) {
     Array dq(q.dtype(), q.shape()), dk(k.dtype(), k.shape()), dv(v.dtype(), v.shape());
     Array dsinks(q.dtype(), {static_cast<std::int64_t>(options.sinks.size())});
     const MutableTensorRef dsinks_ref = dsinks.mut();
-    try {
+    naming_flags(flags, [&] {
       attention_backward(q, k, v, mask ? &mask_ref : nullptr, out, lse, dout, options, dq.mut(),
                          dk.mut(), dv.mut(), dsink_file ? &dsinks_ref : nullptr);
-    } catch (const Error& e) {
-      // Name the file the user gave rather than the API's parameter.
-      if (e.argument() == "grad_out") {
-        const std::string what = e.what();
-        throw Error(e.kind(), "--grad-output " + a.grad_output,
-                    what.substr(std::string("grad_out: ").size()));
-      }
-      throw;
-    }
+    });
     if (dq_file) io::write_npy(commit, *dq_file, dq.ref());
     if (dk_file) io::write_npy(commit, *dk_file, dk.ref());
     if (dv_file) io::write_npy(commit, *dv_file, dv.ref());
@@ -231,7 +278,9 @@ void add_attention_command(CLI::App& app) {
                   "ALiBi slopes .npy, (Hq,) or (..., Hq): adds -slope * |i + d - j| to the score");
   cmd->add_option("--sinks", args->sinks,
                   "attention sinks .npy, (Hq,): one logit per head in the softmax denominator");
-  cmd->add_option("--grad-sinks", args->grad_sinks, "write dL/dsinks here (with --sinks)");
+  cmd->add_option("--grad-sinks", args->grad_sinks,
+                  "write dL/dsinks here (with --sinks; float32 or float64 query, key and value "
+                  "only)");
   cmd->add_option("--dropout-p", args->dropout_p,
                   "dropout probability in [0, 1) on the attention weights (Philox, --seed)")
       ->capture_default_str();

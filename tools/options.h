@@ -3,8 +3,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <map>
+#include <string>
 
 #include "core/options.h"
+#include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
 
@@ -18,6 +22,35 @@ inline CLI::Validator seed_validator() {
 inline CLI::Validator threads_validator() {
   return CLI::Validator([](std::string& text) { return detail::threads_problem(text); }, "0..1024",
                         "threads");
+}
+
+/// A positive number of seconds, with a message that names what came (CLI11's PositiveNumber
+/// prints DBL_MAX in full and says 0 is not in the range [0, DBL_MAX]).
+inline CLI::Validator positive_seconds_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !(v > 0) || !std::isfinite(v)) {
+          return "expected a positive number of seconds, got '" + text + "'";
+        }
+        return "";
+      },
+      "SECONDS > 0", "positive seconds");
+}
+
+/// Runs `f`, rethrowing an sdpa::Error whose argument is an API parameter (`dropout_p`) with
+/// the name the command line gave it (`--dropout-p`, or `--sinks FILE`): `names` maps one to
+/// the other. Other errors pass through unchanged.
+template <class F>
+decltype(auto) naming_flags(const std::map<std::string, std::string>& names, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const auto it = names.find(e.argument());
+    if (it == names.end() || e.argument().empty()) throw;
+    const std::string what = e.what();
+    throw Error(e.kind(), it->second, what.substr(e.argument().size() + 2));
+  }
 }
 
 }  // namespace sdpa::cli

@@ -76,6 +76,9 @@ class HeaderParser {
       expect('}');
       break;
     }
+    // NumPy evaluates the whole header as one literal: only the padding may follow the dict.
+    skip();
+    if (i_ != s_.size()) fail(fmt::format("unexpected text after the dict at offset {}", i_));
     if (!have_descr || !have_fortran || !have_shape) {
       fail("expected the keys 'descr', 'fortran_order' and 'shape'");
     }

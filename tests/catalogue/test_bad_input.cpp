@@ -112,6 +112,12 @@ class BadInput : public ::testing::Test {
                                      "'shape': (2, 3), 'x': 1}",
                                      d24));
     raw("unterminated.npy", npy_bytes("{'descr': '<f4", d24));
+    raw("text_after_dict.npy", npy_bytes(dict("<f4", "(2, 3)") + " 'shape': (9,) garbage", d24));
+    save("alibi_HB.npy", random_array(DType::float32, {kH, kB}, 6));
+    save("alibi_H1.npy", random_array(DType::float32, {kH, 1}, 6));
+    save("sinks_H1.npy", random_array(DType::float32, {kH, 1}, 7));
+    save("sinks_1H.npy", random_array(DType::float32, {1, kH}, 7));
+    save("sinks_3.npy", random_array(DType::float32, {3}, 7));
     raw("bool_byte.npy", npy_bytes(dict("|b1", "(2,)"), std::string("\x01\x07", 2)));
     raw("empty.npy", "");
     raw("text.npy", "this is not a numpy file at all\n");
@@ -173,6 +179,9 @@ std::vector<Row> catalogue() {
       {"header misses a key", {{"--query", "@missing_key.npy"}}, "malformed .npy header"},
       {"header has an unknown key", {{"--query", "@unknown_key.npy"}}, "unexpected key 'x'"},
       {"header string unterminated", {{"--query", "@unterminated.npy"}}, "malformed .npy header"},
+      {"text after the header's dict",
+       {{"--query", "@text_after_dict.npy"}},
+       "malformed .npy header (unexpected text after the dict"},
       {"bool mask holding 7", {{"--mask", "@bool_byte.npy"}}, "bool array holds byte 7"},
       {"empty file", {{"--query", "@empty.npy"}}, "not a .npy file"},
       {"text file",
@@ -206,7 +215,21 @@ std::vector<Row> catalogue() {
       {"grad-output of the wrong shape",
        {{"--grad-output", "@do_shape.npy"}, {"--grad-query", "@dq.npy"}},
        "--grad-output"},
+      {"ALiBi slopes (Hq, B), not (B, Hq)",
+       {{"--alibi-slopes", "@alibi_HB.npy"}},
+       "alibi_HB.npy: expected shape (4,) or (2, 4) (..., Hq) for a query of shape (2, 4, 5, 8), "
+       "got (4, 2)"},
+      {"ALiBi slopes (Hq, 1)", {{"--alibi-slopes", "@alibi_H1.npy"}}, "got (4, 1)"},
+      {"sinks (Hq, 1)",
+       {{"--sinks", "@sinks_H1.npy"}},
+       "sinks_H1.npy: expected shape (4,) (Hq,) for a query of shape (2, 4, 5, 8), got (4, 1)"},
+      {"sinks (1, Hq)", {{"--sinks", "@sinks_1H.npy"}}, "--sinks "},
+      {"sinks of the wrong length", {{"--sinks", "@sinks_3.npy"}}, "got (3,)"},
       // ---- options ----
+      {"dropout probability 1.5",
+       {{"--dropout-p", "1.5"}},
+       "sdpa: error: --dropout-p: expected a probability in [0, 1), got 1.5"},
+      {"softcap negative", {{"--softcap", "-1"}}, "sdpa: error: --softcap: expected 0 (off)"},
       {"scale NaN", {{"--scale", "nan"}}, "scale: expected a finite number"},
       {"scale inf", {{"--scale", "inf"}}, "scale: expected a finite number"},
       {"scale -inf", {{"--scale", "-inf"}}, "scale: expected a finite number"},

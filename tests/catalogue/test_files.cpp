@@ -83,6 +83,27 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// A 16-bit mask over float32 inputs is read as float32: --grad-sinks works and gives the same
+// gradient as the mask saved as float32.
+TEST_F(Files, GradSinksWithA16BitMaskOverFloat32Inputs) {
+  const Array mask16 = sdpa::test::random_array(DType::float16, {1, 2, 5, 7}, 4);
+  save("mask16.npy", mask16);
+  save("mask32.npy", mask16.astype(DType::float32));
+  save("sinks.npy", sdpa::test::random_array(DType::float32, {2}, 5));
+  save("do.npy", sdpa::test::random_array(DType::float32, {1, 2, 5, 4}, 6));
+  for (const std::string m : {"16", "32"}) {
+    std::vector<std::string> args = base(path("out" + m + ".npy"));
+    args.insert(args.end(), {"--mask", path("mask" + m + ".npy"), "--sinks", path("sinks.npy"),
+                             "--grad-output", path("do.npy"), "--grad-query",
+                             path("dq" + m + ".npy"), "--grad-sinks", path("ds" + m + ".npy")});
+    const CliResult r = cli(args);
+    ASSERT_EQ(r.status, 0) << "mask float" << m << ": " << r.err;
+  }
+  EXPECT_EQ(read("ds16.npy"), read("ds32.npy"));
+  EXPECT_EQ(read("dq16.npy"), read("dq32.npy"));
+  EXPECT_EQ(read("out16.npy"), read("out32.npy"));
+}
+
 // ---- the commit: all or nothing ----------------------------------------------------------------
 
 // A rename that fails after others succeeded puts every replaced target back (the old file where

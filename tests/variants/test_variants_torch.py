@@ -126,10 +126,12 @@ with tempfile.TemporaryDirectory() as tmp:
             "--out", f("out.npy")]
     np.save(f("bad3.npy"), np.zeros(3))
     for extra, word in ((["--window", "-2,0"], "--window"), (["--window", "3"], "--window"),
-                        (["--softcap", "-1"], "softcap"), (["--softcap", "nan"], "softcap"),
-                        (["--dropout-p", "1"], "dropout_p"), (["--dropout-p", "-0.1"], "dropout_p"),
-                        (["--sinks", f("bad3.npy")], "sinks"),
-                        (["--alibi-slopes", f("bad3.npy")], "alibi_slopes"),
+                        (["--softcap", "-1"], "--softcap:"), (["--softcap", "nan"], "--softcap:"),
+                        (["--dropout-p", "1"], "--dropout-p:"),
+                        (["--dropout-p", "-0.1"], "--dropout-p:"),
+                        (["--sinks", f("bad3.npy")], f"--sinks {f('bad3.npy')}: expected shape"),
+                        (["--alibi-slopes", f("bad3.npy")],
+                         f"--alibi-slopes {f('bad3.npy')}: expected shape"),
                         (["--impl", "naive", "--softcap", "1"], "impl")):
         r = run(*base, *extra)
         check(r.returncode == 2 and word in r.stderr and r.stderr.startswith("sdpa: error:"),
