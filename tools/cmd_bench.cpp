@@ -2,8 +2,10 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "bench/bench.h"
 #include "commands.h"
@@ -142,7 +144,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--alibi", c.alibi, "ALiBi with BLOOM's slopes 2^(-8 (h + 1) / H)");
   cmd->add_flag("--sinks", c.sinks, "one sink logit (0) per head");
   cmd->add_option("--dropout", c.dropout_p, "dropout probability p in [0, 1)");
-  cmd->add_option("--seed", c.seed, "the dropout's seed")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "the dropout's seed")
+      ->check(seed_validator())
+      ->capture_default_str();
   cmd->add_flag("--kv-cache", c.kv_cache,
                 "time attention_with_kvcache (decode): q (batch, seq, heads, dim) over a cache "
                 "of --kv-seq rows per sequence (or --kv-lens); --seq defaults to 1 here; prints "
@@ -208,10 +212,41 @@ void add_bench_command(CLI::App& app) {
       }
       return;
     }
+    // 0 stands for "the default" inside BenchConfig; given on the command line it is a size,
+    // and a benchmark of an empty dimension times nothing.
+    for (const auto& [flag, value] :
+         {std::pair{"--kv-heads", a->config.kv_heads}, std::pair{"--kv-seq", a->config.kv_seq},
+          std::pair{"--value-dim", a->config.value_dim}}) {
+      if (cmd->count(flag) > 0 && value < 1) {
+        throw Error(ErrorKind::bad_value, flag,
+                    fmt::format("expected a positive integer, got {}", value));
+      }
+    }
+    if (a->config.kv_cache && (a->config.backward || a->impl != "fast")) {
+      throw Error(ErrorKind::bad_value, "--kv-cache",
+                  fmt::format("expected without --backward and with --impl fast (the decode "
+                              "benchmark times the fast forward), got {}",
+                              a->config.backward ? "--backward" : "--impl " + a->impl));
+    }
+    if (!a->config.kv_cache) {
+      for (const char* flag :
+           {"--page-size", "--kv-lens", "--kv-dtype", "--kv-compare", "--kv-tiles"}) {
+        if (cmd->count(flag) > 0) {
+          throw Error(ErrorKind::bad_value, flag,
+                      "expected only with --kv-cache (it sets up the decode benchmark), got no "
+                      "--kv-cache");
+        }
+      }
+    }
     if (a->window.size() == 2) {
       a->config.window_left = a->window[0];
       a->config.window_right = a->window[1];
     }
+    // The API's parameters, as this command spells them.
+    const std::map<std::string, std::string> flags = {{"window_left", "--window"},
+                                                      {"window_right", "--window"},
+                                                      {"softcap", "--softcap"},
+                                                      {"dropout_p", "--dropout"}};
     a->config.causal = parse_causal(a->causal);
     a->config.impl = parse_impl(a->impl);
     a->config.dtype = bench_dtype(a->dtype);
@@ -233,7 +268,8 @@ void add_bench_command(CLI::App& app) {
       for (const std::string& name : a->kv_compare) {
         a->config.kv_compare.push_back(bench_dtype(name));
       }
-      const nlohmann::json j = bench::run_decode_bench(a->config);
+      const nlohmann::json j =
+          naming_flags(flags, [&] { return bench::run_decode_bench(a->config); });
       if (a->json) {
         std::cout << j.dump() << "\n";
       } else {
@@ -241,7 +277,7 @@ void add_bench_command(CLI::App& app) {
       }
       return;
     }
-    const nlohmann::json j = bench::run_bench(a->config);
+    const nlohmann::json j = naming_flags(flags, [&] { return bench::run_bench(a->config); });
     if (a->json) {
       std::cout << j.dump() << "\n";
     } else {

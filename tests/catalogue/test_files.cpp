@@ -411,10 +411,12 @@ TEST_F(Files, SeedsAreValidatedEverywhere) {
   for (const std::string bad :
        {"-1", "", "18446744073709551616", "1e23", "-1e23", "0x10", " 1", "1.5"}) {
     EXPECT_THROW(sdpa::detail::parse_seed(bad, "--seed"), sdpa::Error) << "'" << bad << "'";
-    for (const std::string command : {"lab", "report"}) {
+    for (const std::string command : {"lab", "report", "bench"}) {
       std::vector<std::string> args =
           command == "lab" ? std::vector<std::string>{"lab", "softmax"}
-                           : std::vector<std::string>{"report", "--out", path("report")};
+          : command == "report"
+              ? std::vector<std::string>{"report", "--out", path("report")}
+              : std::vector<std::string>{"bench", "--seq", "4", "--dropout", "0.5"};
       args.insert(args.end(), {"--seed", bad});
       const CliResult r = cli(args);
       EXPECT_EQ(r.status, 2) << command << " '" << bad << "': " << r.err;
@@ -426,6 +428,37 @@ TEST_F(Files, SeedsAreValidatedEverywhere) {
   EXPECT_EQ(sdpa::detail::parse_seed("18446744073709551615", "--seed"), ~std::uint64_t{0});
   EXPECT_EQ(sdpa::detail::parse_seed("0", "--seed"), 0u);
   EXPECT_FALSE(fs::exists(path("report")));
+}
+
+// bench refuses what it would not time: a size of 0 (BenchConfig's "default"), decode options
+// it would ignore; the API's parameters are named as its flags.
+TEST_F(Files, BenchRefusesWhatItWouldNotTime) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      // 0 is a size here, not "the default".
+      {{"bench", "--kv-seq", "0"}, "sdpa: error: --kv-seq: expected a positive integer, got 0"},
+      {{"bench", "--value-dim", "0"}, "sdpa: error: --value-dim: expected a positive integer"},
+      {{"bench", "--kv-heads", "0"}, "sdpa: error: --kv-heads: expected a positive integer"},
+      // The decode benchmark times the fast forward only.
+      {{"bench", "--kv-cache", "--backward"},
+       "sdpa: error: --kv-cache: expected without --backward and with --impl fast"},
+      {{"bench", "--kv-cache", "--impl", "naive"}, "(the decode benchmark times the fast "},
+      {{"bench", "--kv-cache", "--impl", "reference"}, "got --impl reference"},
+      {{"bench", "--kv-lens", "5,7"}, "sdpa: error: --kv-lens: expected only with --kv-cache"},
+      {{"bench", "--kv-dtype", "float16"}, "sdpa: error: --kv-dtype: expected only with"},
+      // The API's parameters, named as the flags.
+      {{"bench", "--seq", "4", "--window", "2,-2"}, "sdpa: error: --window: "},
+      {{"bench", "--seq", "4", "--dropout", "1"}, "sdpa: error: --dropout: expected a probability"},
+      {{"bench", "--seq", "4", "--softcap", "-1"}, "sdpa: error: --softcap: expected 0 (off)"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = cli(c.args);
+    EXPECT_EQ(r.status, 2) << joined(c.args) << ": " << r.err;
+    EXPECT_NE(r.err.find(c.fragment), std::string::npos) << joined(c.args) << ": " << r.err;
+  }
 }
 
 // ---- the report --------------------------------------------------------------------------------

@@ -155,8 +155,8 @@ with tempfile.TemporaryDirectory() as tmp:
               f"bench echoes the variants, got {j.get('variants')}")
         want = 2.0 * 2 * visible.sum() * (E + E)
         check(abs(j["flops"] - want) <= 1e-9 * want, f"bench window flops {j['flops']} != {want}")
-    for extra, word in ((["--dropout", "1"], "dropout_p"), (["--window", "-3,0"], "window_left"),
-                        (["--softcap", "-2"], "softcap"),
+    for extra, word in ((["--dropout", "1"], "--dropout:"), (["--window", "-3,0"], "--window:"),
+                        (["--softcap", "-2"], "--softcap:"),
                         (["--kv-cache", "--kv-seq", "64", "--alibi"], "--kv-cache")):
         r = run("bench", "--seq", "64", "--repeat", "1", *extra)
         check(r.returncode == 2 and word in r.stderr and r.stderr.startswith("sdpa: error:"),
