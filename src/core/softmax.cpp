@@ -2,8 +2,10 @@
 // NumPy: p = exp(c*x - max(c*x)); p /= p.sum()
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "sdpa/sdpa.h"
 
@@ -33,6 +35,27 @@ double scaled_max(std::span<const T> x, double scale, bool& has_nan) {
   return m;
 }
 
+// Whether scale * v is +inf because v itself is infinite (a true +inf score), not because a
+// finite product overflowed.
+template <class T>
+bool infinite_score(T v, double scale) {
+  return std::isinf(double(v)) && scale * double(v) == kInf;
+}
+
+// The scores scale * x shifted to a maximum of 0, as z_i = scale * (x_i - x_top), for a row
+// whose scale * x overflowed but holds no infinite logit: x_top is the logit that gives the
+// largest score (the largest x for scale > 0, the smallest for scale < 0). The differences do
+// not overflow upwards, so the largest logit(s) get z = 0 and the mass, as in the limit of
+// softmax(c * x) for c -> inf, instead of sharing it with every overflowed score.
+template <class T>
+std::vector<double> shifted_scores(std::span<const T> x, double scale) {
+  double top = scale > 0 ? -kInf : kInf;
+  for (T v : x) top = scale > 0 ? std::max(top, double(v)) : std::min(top, double(v));
+  std::vector<double> z(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) z[i] = scale * (double(x[i]) - top);
+  return z;
+}
+
 }  // namespace
 
 template <class T>
@@ -49,12 +72,19 @@ void softmax(std::span<const T> logits, std::span<T> probabilities, double scale
     for (std::size_t i = 0; i < n; ++i) probabilities[i] = T(0);
     return;
   }
-  if (m == kInf) {  // the limit: equal shares among the +inf entries
+  if (m == kInf) {
     double count = 0;
-    for (T v : logits) count += (scale * double(v) == kInf);
-    for (std::size_t i = 0; i < n; ++i) {
-      probabilities[i] = static_cast<T>(scale * double(logits[i]) == kInf ? 1.0 / count : 0.0);
+    for (T v : logits) count += infinite_score(v, scale);
+    if (count > 0) {  // the limit: equal shares among the infinite logits
+      for (std::size_t i = 0; i < n; ++i) {
+        probabilities[i] = static_cast<T>(infinite_score(logits[i], scale) ? 1.0 / count : 0.0);
+      }
+      return;
     }
+    const std::vector<double> z = shifted_scores(logits, scale);
+    double sum = 0.0;
+    for (double zi : z) sum += std::exp(zi);
+    for (std::size_t i = 0; i < n; ++i) probabilities[i] = static_cast<T>(std::exp(z[i]) / sum);
     return;
   }
   double sum = 0.0;
@@ -74,13 +104,23 @@ void log_softmax(std::span<const T> logits, std::span<T> log_probabilities, doub
     for (std::size_t i = 0; i < n; ++i) log_probabilities[i] = std::numeric_limits<T>::quiet_NaN();
     return;
   }
-  if (m == -kInf || m == kInf) {
-    double count = 0;
-    for (T v : logits) count += (scale * double(v) == m);
+  double count = 0;
+  if (m == kInf) {
+    for (T v : logits) count += infinite_score(v, scale);
+  }
+  if (m == -kInf || count > 0) {  // nothing takes part, or equal shares among infinite logits
     for (std::size_t i = 0; i < n; ++i) {
-      const bool top = m == kInf && scale * double(logits[i]) == kInf;
+      const bool top = m == kInf && infinite_score(logits[i], scale);
       log_probabilities[i] = static_cast<T>(top ? -std::log(count) : -kInf);
     }
+    return;
+  }
+  if (m == kInf) {
+    const std::vector<double> z = shifted_scores(logits, scale);
+    double sum = 0.0;
+    for (double zi : z) sum += std::exp(zi);
+    const double log_sum = std::log(sum);
+    for (std::size_t i = 0; i < n; ++i) log_probabilities[i] = static_cast<T>(z[i] - log_sum);
     return;
   }
   double sum = 0.0;

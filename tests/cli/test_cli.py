@@ -99,6 +99,19 @@ if r.returncode == 0:
     check(json.loads(r.stdout)["probabilities"] == [1.0, 0.0, 0.0], "softmax([1000,10,5]) = [1,0,0]")
 r = run("softmax", "--logits", "1000,10,5", "--dtype", "float32", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["probabilities"] == [1.0, 0.0, 0.0], "float32 too")
+# scale * logit overflowing float64: the limit puts all the mass on the largest scaled logit,
+# never shares it among the overflowed ones.
+for scale, expect in (("1e308", [0.0, 0.0, 1.0]), ("-1e308", [1.0, 0.0, 0.0]),
+                      ("1e307", [0.0, 0.0, 1.0])):
+    for dtype in ("float64", "float32"):
+        r = run("softmax", "--logits", "1,2,3", "--scale", scale, "--dtype", dtype, "--json")
+        got = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(got.get("probabilities") == expect,
+              f"softmax --scale {scale} ({dtype}): {expect}, got {r.stdout.strip()} {r.stderr}")
+        if got:
+            lp = got.get("log_probabilities")
+            check(lp is None or (lp[expect.index(1.0)] == 0.0),
+                  f"softmax --scale {scale} ({dtype}): log p of the top is 0, got {lp}")
 r = run("softmax", "--logits", "1,x,3")
 check(r.returncode == 2 and "--logits" in r.stderr, "bad logits: exit 2 naming --logits")
 for args in (["--help"], ["attention", "--help"], ["softmax", "--help"], ["--version"]):

@@ -70,6 +70,39 @@ TYPED_TEST(SoftmaxTest, PositiveInfinitySharesEqually) {
   EXPECT_EQ(p[2], TypeParam(0.5));
 }
 
+// scale * x overflowing float64 for finite x: the limit of softmax(c * x) as c grows puts all
+// the mass on the largest x (the smallest for c < 0), never shares it among the overflowed ones.
+TYPED_TEST(SoftmaxTest, OverflowingScaleGivesTheLimit) {
+  const TypeParam inf = std::numeric_limits<TypeParam>::infinity();
+  for (double scale : {1e308, 1e300, -1e308}) {
+    const std::vector<TypeParam> x{1, 2, 3, scale > 0 ? -inf : inf};  // the last scores -inf
+    const std::size_t top = scale > 0 ? 2 : 0;
+    const auto p = sm<TypeParam>(x, scale);
+    std::vector<TypeParam> lp(x.size());
+    sdpa::log_softmax<TypeParam>(x, lp, scale);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(p[i], TypeParam(i == top ? 1 : 0)) << scale << " at " << i;
+      if (i == top) {
+        EXPECT_EQ(lp[i], TypeParam(0)) << scale;
+      } else {
+        EXPECT_LT(lp[i], TypeParam(-1e30)) << scale << " at " << i;
+      }
+    }
+    EXPECT_EQ(p[3], TypeParam(0)) << scale;
+    EXPECT_EQ(lp[3], -inf) << scale;
+  }
+  // Two largest logits tie: equal shares between them only.
+  const auto tie = sm<TypeParam>({3, 1, 3}, 1e308);
+  EXPECT_EQ(tie[0], TypeParam(0.5));
+  EXPECT_EQ(tie[1], TypeParam(0));
+  EXPECT_EQ(tie[2], TypeParam(0.5));
+  // An infinite logit still takes the mass from overflowed finite ones.
+  const auto p = sm<TypeParam>({3, inf, 2}, 1e308);
+  EXPECT_EQ(p[0], TypeParam(0));
+  EXPECT_EQ(p[1], TypeParam(1));
+  EXPECT_EQ(p[2], TypeParam(0));
+}
+
 TYPED_TEST(SoftmaxTest, NanPropagates) {
   const auto p = sm<TypeParam>({1, std::numeric_limits<TypeParam>::quiet_NaN()});
   EXPECT_TRUE(std::isnan(p[0]));
