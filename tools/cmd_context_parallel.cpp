@@ -11,6 +11,7 @@
 
 #include "io/npy_header.h"
 #include "mpi/context_parallel.h"
+#include "options.h"
 #include "sdpa/array.h"
 
 namespace sdpa::cli {
@@ -77,7 +78,7 @@ void add_context_parallel_options(CLI::App* cmd, ContextParallelCall& call) {
                   "with --context-parallel: seconds any rank waits for another before it aborts "
                   "the job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_seconds_validator());
 }
 
 void run_context_parallel_attention(const AttentionFiles& f, const AttentionOptions& options,

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "sdpa/sdpa.h"
 #include "serve/serve.h"
 
 namespace sdpa::cli {
@@ -24,6 +25,11 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->callback([opts] {
+    // An empty host would listen on the loopback and print a URL without a host in it.
+    if (opts->host.empty()) {
+      throw Error(ErrorKind::bad_value, "--host",
+                  "expected an address to listen on (127.0.0.1, ::1, 0.0.0.0, ...), got ''");
+    }
     sdpa::serve::run_server(*opts, [&](int port) {
       // A wildcard address is shown as this machine; an IPv6 address in brackets.
       std::string shown = opts->host == "0.0.0.0" ? "127.0.0.1" : opts->host;

@@ -34,6 +34,18 @@ int main(int argc, char** argv) {
   });
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // No subcommand understood: say which word came and which subcommands there are, rather
+    // than CLI11's "A subcommand is required".
+    if (!app.get_subcommands().empty()) return app.exit(e) == 0 ? 0 : 2;
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    const std::string got = argc > 1 ? fmt::format("'{}'", argv[1]) : "none";
+    std::fprintf(stderr, "sdpa: error: expected a subcommand (%s), got %s\n", names.c_str(),
+                 got.c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

@@ -662,4 +662,23 @@ TEST(ErrorKinds, NaiveScratchIsCheckedAgainstMemory) {
   }
 }
 
+// A misspelt or missing subcommand is named, with the subcommands there are.
+TEST_F(Files, UnknownSubcommandIsNamed) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {{"atention", "--query", "q.npy"},
+       "sdpa: error: expected a subcommand (attention, softmax, bench, lab, report"},
+      {{"atention"}, "), got 'atention'"},
+      {{}, "), got none"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = cli(c.args);
+    EXPECT_EQ(r.status, 2) << joined(c.args) << ": " << r.err;
+    EXPECT_NE(r.err.find(c.fragment), std::string::npos) << joined(c.args) << ": " << r.err;
+  }
+}
+
 }  // namespace

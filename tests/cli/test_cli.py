@@ -118,4 +118,22 @@ for args in (["--help"], ["attention", "--help"], ["softmax", "--help"], ["--ver
     r = run(*args)
     check(r.returncode == 0 and r.stdout, f"{args} prints and exits 0")
 
+# serve --host '': no address to listen on or to print.
+if "serve" in run("--help").stdout:
+    try:
+        r = subprocess.run([SDPA, "serve", "--host", "", "--port", "0"], capture_output=True,
+                           text=True, timeout=20)
+        check(r.returncode == 2 and "sdpa: error: --host: expected an address" in r.stderr,
+              f"serve --host '': exit 2 naming --host, got {r.returncode}: {r.stderr.strip()}")
+    except subprocess.TimeoutExpired:
+        check(False, "serve --host '' started serving")
+
+# --cp-timeout: a short message naming what came (not DBL_MAX in 309 digits).
+if "--cp-timeout" in run("attention", "--help").stdout:
+    for bad in ("0", "-1", "x"):
+        r = run("bench", "--cp-timeout", bad)
+        check(r.returncode == 2 and
+              f"--cp-timeout: expected a positive number of seconds, got '{bad}'" in r.stderr and
+              len(r.stderr) < 200, f"--cp-timeout {bad}: {r.stderr.strip()}")
+
 finish("CLI")
