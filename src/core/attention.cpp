@@ -367,8 +367,19 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   }
   if (detail::needs_half_path(query, key, value, mask, native)) {
     if (grad_sinks != nullptr) {
-      throw Error(ErrorKind::bad_type, "grad_sinks",
-                  "expected float32 or float64 inputs, got a half-precision query, key or value");
+      const bool inputs_16bit = detail::is_16bit(query.dtype) || detail::is_16bit(key.dtype) ||
+                                detail::is_16bit(value.dtype);
+      if (inputs_16bit) {
+        throw Error(ErrorKind::bad_type, "grad_sinks",
+                    "expected float32 or float64 inputs, got a half-precision query, key or "
+                    "value");
+      }
+      // Only the mask is 16-bit: the call on its exact float32 values.
+      const Array m = detail::converted_copy(*mask, DType::float32);
+      const TensorRef mref = m.ref();
+      attention_backward(query, key, value, &mref, out, lse, grad_out, options, grad_query,
+                         grad_key, grad_value, grad_sinks);
+      return;
     }
     detail::half_backward(query, key, value, mask, out, lse, grad_out, options, grad_query,
                           grad_key, grad_value);

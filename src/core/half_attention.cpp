@@ -134,7 +134,10 @@ void half_forward(const TensorRef& query, const TensorRef& key, const TensorRef&
     attention_forward(query, key, value, mref, options, out, lse);
     return;
   }
-  if (options.impl == Impl::naive) {
+  // The naive baseline's working precision is the query's. A float32 query over a 16-bit key
+  // and value is the float32 baseline on their exact float32 values (below), whose range guard
+  // then applies as to any float32 call (docs/guarantees.md).
+  if (options.impl == Impl::naive && query.dtype != DType::float32) {
     naive_half_forward(query, key, value, mref, options, out, lse);
     return;
   }
@@ -165,7 +168,7 @@ void half_backward(const TensorRef& query, const TensorRef& key, const TensorRef
                        grad_value);
     return;
   }
-  if (options.impl == Impl::naive) {
+  if (options.impl == Impl::naive && query.dtype != DType::float32) {  // as in half_forward
     naive_half_backward(query, key, value, mref, grad_out, options, grad_query, grad_key,
                         grad_value);
     return;

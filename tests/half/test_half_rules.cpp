@@ -118,6 +118,40 @@ TEST(HalfRules, SixteenBitMaskIsReadAsItsValues) {
   }
 }
 
+// A float32 query over a 16-bit cache under the naive baseline is the float32 naive on the
+// cache's exact float32 values, range guard included: logits past float32's range are finite.
+TEST(HalfRules, Float32QueryUnderNaiveIsTheFloat32BaselineWithItsRangeGuard) {
+  Array q = sdpa::test::random_array(DType::float32, {2, 5, 8}, 1);
+  for (std::int64_t i = 0; i < q.numel(); ++i) q.data_as<float>()[i] *= 1e30f;
+  for (const DType kv : {DType::bfloat16, DType::float16}) {
+    const Array k = sdpa::test::random_array(kv, {2, 7, 8}, 2);
+    const Array v = sdpa::test::random_array(kv, {2, 7, 8}, 3);
+    const Array k32 = k.astype(DType::float32), v32 = v.astype(DType::float32);
+    sdpa::AttentionOptions o;
+    o.impl = sdpa::Impl::naive;
+    Array mixed(DType::float32, {2, 5, 8}), plain(DType::float32, {2, 5, 8});
+    Array lse_mixed(DType::float32, {2, 5}), lse_plain(DType::float32, {2, 5});
+    const sdpa::MutableTensorRef lm = lse_mixed.mut(), lp = lse_plain.mut();
+    sdpa::attention_forward(q, k, v, nullptr, o, mixed.mut(), &lm);
+    sdpa::attention_forward(q, k32, v32, nullptr, o, plain.mut(), &lp);
+    EXPECT_TRUE(sdpa::test::all_finite(mixed)) << sdpa::dtype_name(kv);
+    EXPECT_EQ(sdpa::test::max_abs_diff(mixed, plain), 0.0) << sdpa::dtype_name(kv);
+    const Array g = sdpa::test::random_array(DType::float32, {2, 5, 8}, 4);
+    Array dq(DType::float32, {2, 5, 8}), dk(kv, {2, 7, 8}), dv(kv, {2, 7, 8});
+    Array dq32(DType::float32, {2, 5, 8}), dk32(DType::float32, {2, 7, 8}),
+        dv32(DType::float32, {2, 7, 8});
+    sdpa::attention_backward(q, k, v, nullptr, mixed, lse_mixed, g, o, dq.mut(), dk.mut(),
+                             dv.mut());
+    sdpa::attention_backward(q, k32, v32, nullptr, plain, lse_plain, g, o, dq32.mut(), dk32.mut(),
+                             dv32.mut());
+    EXPECT_TRUE(sdpa::test::all_finite(dq) && sdpa::test::all_finite(dk) &&
+                sdpa::test::all_finite(dv))
+        << sdpa::dtype_name(kv);
+    EXPECT_EQ(sdpa::test::max_abs_diff(dq, dq32), 0.0) << sdpa::dtype_name(kv);
+    EXPECT_EQ(sdpa::test::max_abs_diff(dv, dv32.astype(kv)), 0.0) << sdpa::dtype_name(kv);
+  }
+}
+
 TEST(HalfRules, OtherDtypesStillRefusedNamingTheArgument) {
   const Array b = sdpa::test::random_array(DType::boolean, {5, 8}, 1);
   const Array h = sdpa::test::random_array(DType::float16, {5, 8}, 2);

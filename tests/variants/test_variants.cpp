@@ -757,4 +757,28 @@ TEST(Varlen, HalfPrecisionTakesTheDtypesOfTheDenseCalls) {
   }
 }
 
+// The sinks' gradient over float32 inputs with a float16 mask: the mask's exact float32 values,
+// so every gradient equals the call with the mask widened first.
+TEST(Variants, SinksGradientTakesA16BitMaskOverFloat32Inputs) {
+  Case c;
+  c.Hq = c.Hkv = 2;
+  c.L = 20;
+  c.S = 30;
+  c.E = c.Ev = 8;
+  c.mask_kind = 2;
+  c.options.sinks = {0.5, -1.0};
+  Inputs in = sdpa::test::make_inputs(c, DType::float32, 47);
+  Inputs half = sdpa::test::make_inputs(c, DType::float32, 47);
+  half.mask = in.mask.astype(DType::float16);
+  in.mask = half.mask.astype(DType::float32);
+  const Result a = run_variants(in, c.options, Impl::fast);
+  const Result b = run_variants(half, c.options, Impl::fast);
+  for (const auto& [x, y, what] :
+       {std::tuple{&a.out, &b.out, "out"}, std::tuple{&a.dq, &b.dq, "dq"},
+        std::tuple{&a.dk, &b.dk, "dk"}, std::tuple{&a.dv, &b.dv, "dv"},
+        std::tuple{&a.dsinks, &b.dsinks, "dsinks"}}) {
+    EXPECT_TRUE(bit_identical(*x, *y)) << what;
+  }
+}
+
 }  // namespace
