@@ -359,6 +359,20 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       (grad_sinks == nullptr || grad_sinks->numel() == 0)) {
     return;
   }
+  // A bfloat16 query over a float16 key and value: out, rounded to bfloat16, is coarser than the
+  // values it averages, so D = rowsum(dO * out) would leave dP - D = dO . (v - out) != 0 on a
+  // row that sees one key, whose exact dq and dk are 0 (and a scale then multiplies it). The
+  // fast backward reads out recomputed in float32 instead: the forward of the query's exact
+  // float32 values over the same key and value, one more forward pass for this mix only.
+  TensorRef fwd_out = out;
+  std::optional<Array> recomputed;
+  if (options.impl == Impl::fast && query.dtype == DType::bfloat16 &&
+      value.dtype == DType::float16) {
+    const Array q32 = detail::converted_copy(query, DType::float32);
+    recomputed.emplace(DType::float32, out.shape);
+    attention_forward(q32.ref(), key, value, mask, options, recomputed->mut());
+    fwd_out = recomputed->ref();
+  }
   bool native = false;
   if (grad_sinks == nullptr) {
     detail::Problem bound = checked;
@@ -381,7 +395,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
                          grad_key, grad_value, grad_sinks);
       return;
     }
-    detail::half_backward(query, key, value, mask, out, lse, grad_out, options, grad_query,
+    detail::half_backward(query, key, value, mask, fwd_out, lse, grad_out, options, grad_query,
                           grad_key, grad_value);
     return;
   }
@@ -391,7 +405,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   void* ds_data = ds ? ds->data() : nullptr;
   const std::size_t lead = checked.lead;
   const KernelInputs in(query, key, value, mask, lead);
-  const detail::ContiguousInput o(out, "out", Copy::unless_flat, lead),
+  const detail::ContiguousInput o(fwd_out, "out", Copy::unless_flat, lead),
       l(lse, "lse", Copy::unless_flat, lead), g(grad_out, "grad_out", Copy::unless_flat, lead);
   detail::Problem p =
       detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);

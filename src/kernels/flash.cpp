@@ -116,6 +116,7 @@
 #include <limits>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #include "core/half.h"
 #include "core/problem.h"
@@ -1446,6 +1447,28 @@ void PackInputRowPairs(const T* row, int64_t width, uint32_t* dst) {
   }
 }
 
+// D = rowsum(dO * O) for the bfloat16 pairs path, whose dP = dO V^T comes from vdpbf16ps (or
+// tiles), not from SequentialDot: the same product on pairs, one row of dO's pairs against O's
+// row as the only non-zero column of a 16-column B, so that D equals dP_s bit for bit where out
+// is exactly v_s (every element of bf16::gemm sums its pairs in the same order, whatever M and
+// N). `column` holds (Ev + 1) / 2 rows of 16 words whose columns 1..15 are zero.
+template <typename T>
+T PairRowDot(const uint32_t* dout_pairs, const uint16_t* out_row, int64_t Ev, uint32_t* column) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t Ev2 = (Ev + 1) / 2;
+    for (int64_t k2 = 0; k2 < Ev2; ++k2) {
+      const uint32_t hi = 2 * k2 + 1 < Ev ? out_row[2 * k2 + 1] : 0u;
+      column[k2 * 16] = uint32_t{out_row[2 * k2]} | hi << 16;
+    }
+    alignas(64) float c[16];
+    const auto n = static_cast<size_t>(Ev2);
+    bf16::gemm(false, 1, 16, n, 1.0f, dout_pairs, n, column, 16, c, 16);
+    return c[0];
+  } else {
+    return T(0);  // no pairs for float64
+  }
+}
+
 template <typename T>
 void BackwardT(const Problem& p, T* dsinks) {
   const int64_t BH = p.B * p.Hkv, BHq = p.B * p.Hq, S = p.S, L = p.L, E = p.E, Ev = p.Ev;
@@ -1570,6 +1593,7 @@ void BackwardT(const Problem& p, T* dsinks) {
   RegionError err;
 #pragma omp parallel num_threads(p.threads)
   {
+    std::vector<uint32_t> o_column;  // PairRowDot's B, made on first use
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
@@ -1615,14 +1639,29 @@ void BackwardT(const Problem& p, T* dsinks) {
         PackRows(p.q, b, h, l, 1, E, scale, ldq, qs + row * ldq);
         if (!dout_in_place) PackRows(p.dout, b, h, l, 1, Ev, T(1), ldo, dop + row * ldo);
         const T* dout_row = sh.dout.row(b, h, l);  // T, packed or in place
-        WithStorage<T>(p.fwd_out.dtype, [&](auto st) {
-          using SO = typename decltype(st)::type;
-          D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
-        });
         if (use_pairs) {  // q straight from its bfloat16 row; dO from its exact float32 copy
           bf16::pack_rows(p.q.row<uint16_t>(b, h, l), 1, static_cast<size_t>(E),
                           static_cast<size_t>(E), q2 + row * E2, static_cast<size_t>(E2));
           PackInputRowPairs(dout_row, Ev, do2 + row * Ev2);
+        }
+        if (use_pairs && p.fwd_out.dtype == DType::bfloat16) {
+          if (o_column.empty()) {
+            try {
+              o_column.assign(n(Ev2 * 16), 0u);
+            } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+              err.failed = true;
+            }
+          }
+          D[row] = o_column.empty()
+                       ? T(0)
+                       : PairRowDot<T>(do2 + row * Ev2, p.fwd_out.row<uint16_t>(b, h, l), Ev,
+                                       o_column.data());
+        } else {
+          WithStorage<T>(p.fwd_out.dtype, [&](auto st) {
+            using SO = typename decltype(st)::type;
+            D[row] = SequentialDot(dout_row, p.fwd_out.row<SO>(b, h, l), Ev);
+          });
         }
         shift[row] = row_lse;
         any = any || every_row || !LseNormalises(row_lse);

@@ -26,6 +26,7 @@
 #include "core/half_attention.h"
 #include "hwy/targets.h"
 #include "kernels/dispatch.h"
+#include "kernels/gemm_bf16.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -234,6 +235,45 @@ TEST(HalfContractTargets, EveryCompiledTarget) {
                seed++);
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// A row whose softmax is one-hot (one visible key, or a scale so large that one score
+// dominates) has exactly zero dq and dk in the maths and in the reference: dP - D is 0 when out
+// equals the one value row. The fast backward gives exact zeros for every dtype mix, on every
+// compiled target, with the bfloat16 pairs on and off: D takes the arithmetic of dP's product,
+// and a bfloat16 out coarser than its float16 values is recomputed.
+TEST(HalfOneHotRows, GiveExactlyZeroQueryAndKeyGradients) {
+  const std::pair<DType, DType> mixes[] = {{DType::bfloat16, DType::bfloat16},
+                                           {DType::float16, DType::float16},
+                                           {DType::float32, DType::bfloat16},
+                                           {DType::float32, DType::float16},
+                                           {DType::bfloat16, DType::float16}};
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (const int pairs : {0, 1}) {
+    sdpa::detail::bf16::force_pairs_in_kernel_for_test(pairs);
+    for (std::int64_t target : targets) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::uint64_t seed = 900;
+      for (const auto& [qd, kvd] : mixes) {
+        for (const bool huge_scale : {false, true}) {
+          // One key per row; or 40 keys and a scale of 1e8 (P one-hot to the last bit).
+          Case c = make_case(37, huge_scale ? 40 : 1, 24, 17, Causal::none, 0);
+          if (huge_scale) c.options.scale = 1e8;
+          const Inputs in = make_mixed(c, qd, kvd, seed++);
+          const Outputs fast = run(in, c.options, Impl::fast, true);
+          const std::string name = std::string("q ") + sdpa::dtype_name(qd) + " kv " +
+                                   sdpa::dtype_name(kvd) + (huge_scale ? " scale 1e8" : " S 1") +
+                                   " pairs " + std::to_string(pairs) + " on " +
+                                   sdpa::detail::fast_kernel_target();
+          EXPECT_EQ(max_abs(fast.dq), 0.0) << name;
+          EXPECT_EQ(max_abs(fast.dk), 0.0) << name;
+          EXPECT_TRUE(sdpa::test::all_finite(fast.dv) && max_abs(fast.dv) > 0) << name;
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  sdpa::detail::bf16::force_pairs_in_kernel_for_test(-1);
 }
 
 bool bit_identical(const Array& a, const Array& b) {
