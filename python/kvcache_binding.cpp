@@ -20,7 +20,9 @@
 
 namespace py = pybind11;
 
-[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);  // sdpa_python.cpp
+[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);   // sdpa_python.cpp
+bool bool_option(const py::handle& obj, const char* name);  // sdpa_python.cpp
+int threads_option(const py::handle& obj);                  // sdpa_python.cpp
 
 namespace {
 
@@ -119,7 +121,12 @@ py::object attention_with_kvcache(const py::object& q, const py::object& k_cache
                                   const py::object& v_cache, const py::object& k,
                                   const py::object& v, const py::object& cache_seqlens,
                                   const py::object& block_table, const py::object& scale,
-                                  bool causal, bool return_lse, int threads) {
+                                  const py::object& causal_arg, const py::object& return_lse_arg,
+                                  const py::object& threads_arg) {
+  // The options first: a wrong one is refused before any array is converted.
+  const bool causal = bool_option(causal_arg, "causal");
+  const bool return_lse = bool_option(return_lse_arg, "return_lse");
+  const int threads = threads_option(threads_arg);
   const Floating qa = floating(q, "q");
   const Cache kc = cache(k_cache, "k_cache"), vc = cache(v_cache, "v_cache");
   std::optional<Floating> ka, va;

@@ -725,6 +725,11 @@ shape and dtype (float32 or float64).
 // sdpa::Error as the exception its kind() says, for the other binding files.
 [[noreturn]] void raise_sdpa_error(const sdpa::Error& e) { raise_error(e); }
 
+// The option checks, for the other binding files: True or False (a NumPy bool too), and a
+// thread count of 0..1024, each a TypeError or ValueError naming the argument.
+bool bool_option(const py::handle& obj, const char* name) { return as_bool(obj, name); }
+int threads_option(const py::handle& obj) { return as_threads(obj); }
+
 void bind_torch(py::module_& m);  // torch_bindings.cpp
 
 PYBIND11_MODULE(_sdpa, m) {

@@ -12,17 +12,18 @@ from ._sdpa import *  # noqa: F401,F403
 from ._sdpa import __doc__, __version__, _prepared  # noqa: F401
 
 
-
 def to_bfloat16(x):
     """x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), as the uint16 bit
     patterns sdpa reads and writes for bfloat16 (NumPy has none; see docs/precision.md)."""
     import numpy as np
 
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    a = np.asarray(x, dtype=np.float32)
+    flat = np.ascontiguousarray(a).reshape(-1)  # 1-d, so that 0-d inputs keep their shape
+    u = flat.view(np.uint32).astype(np.uint64)
     bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    nan = np.isnan(flat)
     bits[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-    return bits
+    return bits.reshape(a.shape)
 
 
 def from_bfloat16(bits):
@@ -32,7 +33,7 @@ def from_bfloat16(bits):
     b = np.asarray(bits)
     if b.dtype != np.uint16:
         raise TypeError(f"bits: expected dtype uint16 (bfloat16 bit patterns), got {b.dtype}")
-    return (b.astype(np.uint32) << 16).view(np.float32)
+    return (b.astype(np.uint32).reshape(-1) << 16).view(np.float32).reshape(b.shape)
 
 
 if hasattr(_sdpa, "lab"):

@@ -126,6 +126,12 @@ def _as_threads(obj):
     return int(obj)
 
 
+def _as_int(obj, what):
+    if _is_bool(obj) or not isinstance(obj, (int, np.integer)):
+        raise TypeError(f"{what}: expected an int, got {_given(obj)}")
+    return int(obj)
+
+
 def _as_string(obj, what):
     if not isinstance(obj, str):
         raise TypeError(f"{what}: expected a str, got {_given(obj)}")
@@ -390,9 +396,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]}, got key "
                         f"{_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
     offsets = lambda c: [int(x) for x in (c.tolist() if isinstance(c, torch.Tensor) else c)]
-    kw = dict(causal=causal, impl=impl, threads=int(threads))
+    kw = dict(causal=causal, impl=impl, threads=_as_threads(threads))
     if softmax_scale is not None:
-        kw["softmax_scale"] = float(softmax_scale)
+        kw["softmax_scale"] = _as_real(softmax_scale, "softmax_scale")
     if window_size is not None:
         kw["window_size"] = tuple(window_size)
     if softcap:
@@ -406,7 +412,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float64)
     return _Varlen.apply(query, key, value, offsets(cu_seqlens_q), offsets(cu_seqlens_k),
-                         int(max_seqlen_q), int(max_seqlen_k), sinks, kw)
+                         _as_int(max_seqlen_q, "max_seqlen_q"),
+                         _as_int(max_seqlen_k, "max_seqlen_k"), sinks, kw)
 
 
 # ---- routing an existing model through sdpa ---------------------------------------------------

@@ -48,6 +48,21 @@ def test_bfloat16_conversions():
         sdpa.from_bfloat16(np.zeros(3, np.int32))
 
 
+def test_bfloat16_conversions_keep_the_shape():
+    # 0-d inputs (NumPy scalars too), empty and non-contiguous arrays keep their shapes.
+    assert sdpa.to_bfloat16(np.float32(1.5)).shape == ()
+    assert sdpa.to_bfloat16(np.float32(1.5)) == 0x3FC0
+    assert sdpa.from_bfloat16(np.uint16(0x3FC0)).shape == ()
+    assert sdpa.from_bfloat16(np.array(0x3FC0, np.uint16)) == 1.5
+    assert np.isnan(sdpa.from_bfloat16(sdpa.to_bfloat16(np.float32(np.nan))))
+    assert sdpa.to_bfloat16(np.zeros((2, 0, 3))).shape == (2, 0, 3)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    bits = sdpa.to_bfloat16(x)
+    assert bits.shape == (4, 3)
+    np.testing.assert_array_equal(sdpa.from_bfloat16(bits), x)
+    np.testing.assert_array_equal(sdpa.from_bfloat16(bits.T), x.T)
+
+
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_numpy_forward_backward_accuracy_rule(kind):
     q, k, v = inputs()

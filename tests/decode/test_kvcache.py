@@ -251,3 +251,21 @@ def test_scale_must_be_a_real_number(scale):
     q, kc, vc, _, _, _, _ = make(rng, np.float32, 1, 1, 2, 2, 8, 8, 0, 10, [5], 0)
     with pytest.raises(TypeError, match="scale"):
         sdpa.attention_with_kvcache(q, kc, vc, scale=scale)
+
+
+@pytest.mark.parametrize("option,value,error", [
+    ("causal", "yes", TypeError), ("causal", 1, TypeError), ("return_lse", None, TypeError),
+    ("threads", 2**40, ValueError), ("threads", -1, ValueError), ("threads", 1.0, TypeError),
+    ("threads", True, TypeError)])
+def test_options_are_checked_naming_the_argument(option, value, error):
+    # Each wrong option is refused by name, and the appended rows stay out of the caches.
+    rng = np.random.default_rng(9)
+    q, kc, vc, k, v, sl, _ = make(rng, np.float32, 1, 1, 2, 2, 8, 8, 0, 10, [5], 1)
+    k_before, v_before = kc.copy(), vc.copy()
+    with pytest.raises(error, match=option):
+        sdpa.attention_with_kvcache(q, kc, vc, k, v, sl, **{option: value})
+    assert np.array_equal(kc, k_before) and np.array_equal(vc, v_before)
+    # NumPy's own bool and int are taken as Python's.
+    good = {"causal": np.bool_(True), "return_lse": np.bool_(False), "threads": np.int64(1)}
+    out = sdpa.attention_with_kvcache(q, kc, vc, **{option: good[option]})
+    assert np.all(np.isfinite(out))

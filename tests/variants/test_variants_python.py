@@ -282,6 +282,23 @@ def test_torch_varlen_autograd():
         st.attention_varlen(tq.int(), tk, tv, cu_q, cu_k, 33, 40)
 
 
+@pytest.mark.parametrize("option, value, error", [
+    ("threads", 2**40, ValueError), ("threads", 1.5, TypeError), ("threads", True, TypeError),
+    ("softmax_scale", "0.5", TypeError), ("max_seqlen_q", 33.0, TypeError),
+    ("max_seqlen_k", "40", TypeError)])
+def test_torch_varlen_options_are_checked(option, value, error):
+    # sdpa.torch.attention_varlen refuses a wrong option by name, as the NumPy function does,
+    # instead of converting it with int() or float().
+    q, cu_q = pack([6, 33], 2, 8, 55)
+    k, cu_k = pack([10, 40], 2, 8, 56)
+    args = dict(max_seqlen_q=33, max_seqlen_k=40)
+    kw = {}
+    (args if option.startswith("max_seqlen") else kw)[option] = value
+    t = [torch.tensor(a) for a in (q, k, k)]
+    with pytest.raises(error, match=option):
+        st.attention_varlen(*t, cu_q, cu_k, args["max_seqlen_q"], args["max_seqlen_k"], **kw)
+
+
 @pytest.mark.parametrize("cu_q, fragment", [
     ([1, 3, 6], "cu_seqlens_q: expected the first offset to be 0"),
     ([0, 4, 3, 6], "cu_seqlens_q: expected non-decreasing offsets"),
