@@ -7,9 +7,13 @@
 #include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <utility>
 
+#include "io/npy.h"
 #include "io/npy_header.h"
+#include "io/output.h"
 #include "mpi/context_parallel.h"
 #include "options.h"
 #include "sdpa/array.h"
@@ -91,10 +95,39 @@ void run_context_parallel_attention(const AttentionFiles& f, const AttentionOpti
   cp.timeout_seconds = call.timeout;
   const bool zigzag = mpi::uses_zigzag(cp.strategy, options);
 
+  // Rank 0 writes every output: as in one process, each output is validated (no input, no
+  // other output, a writable place) and its temporary created before any input is read, and
+  // every rank learns of a refusal before anyone computes.
+  std::optional<io::OutputCommit> commit;
+  std::vector<std::pair<std::size_t, int>> slots;  // (commit index, which result) on rank 0
+  enum Result { kOut, kLse, kDq, kDk, kDv };
+  std::string error;
+  if (mpi.rank() == 0) {
+    try {
+      commit.emplace();
+      commit->protect_input("--query", f.query);
+      commit->protect_input("--key", f.key);
+      commit->protect_input("--value", f.value);
+      if (!f.mask.empty()) commit->protect_input("--mask", f.mask);
+      if (!f.grad_output.empty()) commit->protect_input("--grad-output", f.grad_output);
+      slots.emplace_back(commit->add_file("--out", f.out), kOut);
+      if (!f.lse.empty()) slots.emplace_back(commit->add_file("--lse", f.lse), kLse);
+      if (!f.grad_query.empty()) {
+        slots.emplace_back(commit->add_file("--grad-query", f.grad_query), kDq);
+      }
+      if (!f.grad_key.empty()) slots.emplace_back(commit->add_file("--grad-key", f.grad_key), kDk);
+      if (!f.grad_value.empty()) {
+        slots.emplace_back(commit->add_file("--grad-value", f.grad_value), kDv);
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  mpi::agree(comm, error, cp.timeout_seconds);
+
   // Every rank reads its own rows; any failure is agreed on before anyone computes.
   Array q, k, v, mask, dout;
   std::vector<std::vector<mpi::Range>> q_ranges, k_ranges;
-  std::string error;
   try {
     const NpyHeader hq = peek_npy(f.query), hk = peek_npy(f.key), hv = peek_npy(f.value);
     const int qa = seq_axis_of(hq, "--query", f.query);
@@ -168,22 +201,19 @@ void run_context_parallel_attention(const AttentionFiles& f, const AttentionOpti
     mpi::gather_shards(comm, shard, axis, r, mpi.rank() == 0 ? &ref : nullptr, cp.timeout_seconds);
     return full;
   };
-  std::vector<std::pair<std::string, Array>> results;
-  results.emplace_back(f.out, global(out, qa, q_ranges));
-  if (!f.lse.empty()) results.emplace_back(f.lse, global(lse, qa, q_ranges));
+  Array results[5];
+  results[kOut] = global(out, qa, q_ranges);
+  if (!f.lse.empty()) results[kLse] = global(lse, qa, q_ranges);
   if (!f.grad_output.empty()) {
-    Array gq = global(dq, qa, q_ranges), gk = global(dk, qa, k_ranges),
-          gv = global(dv, qa, k_ranges);
-    if (!f.grad_query.empty()) results.emplace_back(f.grad_query, std::move(gq));
-    if (!f.grad_key.empty()) results.emplace_back(f.grad_key, std::move(gk));
-    if (!f.grad_value.empty()) results.emplace_back(f.grad_value, std::move(gv));
+    results[kDq] = global(dq, qa, q_ranges);
+    results[kDk] = global(dk, qa, k_ranges);
+    results[kDv] = global(dv, qa, k_ranges);
   }
   error.clear();
   if (mpi.rank() == 0) {
     try {
-      std::vector<std::pair<std::string, TensorRef>> files;
-      for (const auto& [path, a] : results) files.emplace_back(path, a.ref());
-      write_npy_all(files);
+      for (const auto& [index, which] : slots) io::write_npy(*commit, index, results[which].ref());
+      commit->commit();
     } catch (const Error& e) {
       error = e.what();
     }

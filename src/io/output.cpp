@@ -246,6 +246,8 @@ int open_regular_for_reading(const std::string& path, const std::string& argumen
   return fd;
 }
 
+void remove_temporaries_now() noexcept { remove_registered(); }
+
 OutputCommit::OutputCommit() = default;
 
 OutputCommit::~OutputCommit() {

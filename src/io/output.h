@@ -88,6 +88,10 @@ class OutputCommit {
   bool committed_ = false;
 };
 
+/// Removes every temporary of every OutputCommit of this process now, async-signal-safely, as a
+/// fatal signal does: for a caller about to end the process without unwinding (MPI_Abort).
+void remove_temporaries_now() noexcept;
+
 namespace testing {
 /// Makes commit() fail the rename of output `index` as if the file system refused it (EIO), so
 /// the tests can check the rollback; nullopt restores normal behaviour.

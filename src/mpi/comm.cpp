@@ -14,6 +14,7 @@
 #include <limits>
 #include <thread>
 
+#include "io/output.h"
 #include "mpi/detail.h"
 
 namespace sdpa::mpi {
@@ -372,6 +373,7 @@ double wait_bounded(MPI_Comm comm, std::vector<MPI_Request>& requests, const std
                    "or stalled; aborting every rank\n",
                    rank, what.c_str(), timeout_seconds);
       std::fflush(stderr);
+      io::remove_temporaries_now();  // MPI_Abort ends this process without unwinding
       MPI_Abort(comm, 3);
       std::_Exit(3);
     }

@@ -224,6 +224,27 @@ def test_faults(d):
           r.stderr and not os.listdir(os.path.join(d, "bad")),
           f"unreadable input: exit {r.returncode}, the error names the file: "
           f"{r.stderr.strip().splitlines()[:1]}")
+    # Outputs are checked as one process checks them, before any work: an output naming an
+    # input is refused and the input stays as it was; an output in a missing folder fails at
+    # once, naming its flag, and no output is written.
+    for strategy in ("ring", "ulysses"):
+        q_before = open(p["q"], "rb").read()
+        args = attention_args(case, p, os.path.join(d, "clash"))
+        args[args.index("--out") + 1] = p["q"]
+        r = run(mpirun(2) + [SDPA] + args + ["--context-parallel", strategy], timeout=60)
+        check(r.returncode == 2 and "--out: expected an output path different from every input"
+              in r.stderr and open(p["q"], "rb").read() == q_before and
+              not os.listdir(os.path.join(d, "clash")),
+              f"{strategy}: --out naming --query: exit {r.returncode}, the query is unchanged: "
+              f"{r.stderr.strip().splitlines()[:1]}")
+    args = attention_args(case, p, os.path.join(d, "missing"))
+    args[args.index("--grad-key") + 1] = os.path.join(d, "no such folder", "dk.npy")
+    r = run(mpirun(2) + [SDPA] + args + ["--context-parallel", "ring", "--cp-timeout", "5"],
+            timeout=60, env={"SDPA_MPI_FAULT": "stall:1:1"})
+    check(r.returncode == 2 and "--grad-key: expected a path in an existing directory" in
+          r.stderr and not os.listdir(os.path.join(d, "missing")),
+          f"--grad-key in a missing folder, refused before the ranks exchange anything: exit "
+          f"{r.returncode}, {r.stderr.strip().splitlines()[:1]}")
     # The ring backward refuses rows the fused backward would renormalise per block.
     huge = Case("huge scores", (1, 2, 33, 16), (1, 2, 33, 16), scale=60.0, seed=11)
     hp = write_inputs(huge, os.path.join(d, "huge"))
