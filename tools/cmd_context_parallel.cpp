@@ -293,8 +293,15 @@ void run_context_parallel_bench(const bench::BenchConfig& c, const ContextParall
   double alone = 0;
   const bool ring = cp.strategy == mpi::Strategy::ring;
   const int probe_steps = !ring ? 1 : c.backward ? 2 * (P - 1) : P - 1;
-  const std::size_t probe_bytes =
-      P > 1 ? static_cast<std::size_t>(stats.bytes_sent / (ring ? probe_steps : P - 1)) : 0;
+  // Every rank moves the same message size, the largest rank's (shards differ by a row, or a
+  // rank holds none): a receive must match its sender's size, and every rank must take part.
+  double my_bytes = P > 1 ? stats.bytes_sent / (ring ? probe_steps : P - 1) : 0.0, max_bytes = 0;
+  {
+    std::vector<MPI_Request> r(1);
+    MPI_Iallreduce(&my_bytes, &max_bytes, 1, MPI_DOUBLE, MPI_MAX, comm, &r[0]);
+    mpi::wait_bounded(comm, r, "agreeing on the probe's size", cp.timeout_seconds);
+  }
+  const auto probe_bytes = static_cast<std::size_t>(max_bytes);
   std::vector<char> send(probe_bytes * (ring ? 1 : P), 1), recv(send.size(), 1);
   for (int probe = 0; probe < 5 && P > 1 && probe_bytes > 0; ++probe) {
     const double t0 = MPI_Wtime();

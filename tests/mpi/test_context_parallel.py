@@ -10,6 +10,7 @@ naive float32 baseline, float64 reference) and once as `mpirun -np P sdpa attent
   - a rank that is killed, exits or stalls mid-run makes the job exit non-zero within a bounded
     time with no output file; bad input on any rank gives every rank the error, exit 2.
 """
+import json
 import os
 import subprocess
 import sys
@@ -262,6 +263,25 @@ def test_faults(d):
           f"{r.stderr.strip().splitlines()[:1]}")
 
 
+def test_bench(d):
+    # sdpa bench over ranks whose shards differ in size (37 rows on 3 ranks: 13, 12, 12; one
+    # row on 2 ranks: one rank holds none) completes and reports every rank.
+    for strategy, ranks, seq, extra in (("ring", 3, 37, ["--backward"]), ("ulysses", 3, 37, []),
+                                        ("ring", 2, 1, []), ("ring", 2, 37,
+                                                             ["--causal", "lower-right"])):
+        heads = "3" if strategy == "ulysses" else "2"
+        r = run(mpirun(ranks) + [SDPA, "bench", "--context-parallel", strategy, "--seq", str(seq),
+                                 "--heads", heads, "--dim", "8", "--repeat", "1", "--threads",
+                                 "1", "--json", "--cp-timeout", "20"] + extra, timeout=60)
+        ok = r.returncode == 0
+        if ok:
+            report = json.loads(r.stdout)
+            ok = len(report["per_rank"]) == ranks and sum(x["query_rows"] for x in
+                                                          report["per_rank"]) == seq
+        check(ok, f"bench {strategy} on {ranks} ranks, {seq} rows {' '.join(extra)}: exit "
+                  f"{r.returncode} {r.stderr.strip().splitlines()[:1]}")
+
+
 def main():
     start = time.time()
     with tempfile.TemporaryDirectory() as d:
@@ -271,6 +291,7 @@ def main():
         test_determinism(os.path.join(d, "det"))
         os.makedirs(os.path.join(d, "faults"))
         test_faults(os.path.join(d, "faults"))
+        test_bench(d)
     print(f"{time.time() - start:.1f} s in all")
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
