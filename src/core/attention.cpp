@@ -409,7 +409,6 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
       l(lse, "lse", Copy::unless_flat, lead), g(grad_out, "grad_out", Copy::unless_flat, lead);
   detail::Problem p =
       detail::resolve_problem(in.q.ref(), in.k.ref(), in.v.ref(), in.mask(), options);
-  p.lse_over_more_keys = detail::lse_over_more_keys_in_scope();
   {
     // Bound before the range guard, which reads grad_out through p.dout. The gradients are
     // bound to the caller's tensors only when written in place (below).

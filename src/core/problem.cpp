@@ -283,6 +283,7 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
     }
   }
   resolve_variants(p, options);
+  p.lse_over_more_keys = lse_over_more_keys_in_scope();
   return p;
 }
 

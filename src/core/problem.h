@@ -168,9 +168,11 @@ struct Problem {
   // gradients written.
   InputView fwd_out, fwd_lse, dout;
   OutputView dq, dk, dv;
-  // The backward's lse sums over more keys than this problem's (one block of a context-parallel
-  // ring: ScopedLseOverMoreKeys), so no row may be renormalised over this problem's keys for
-  // having had its forward on the decode kernel (kernels/flash.cpp).
+  // This problem is one block of a softmax over more keys (a context-parallel ring:
+  // ScopedLseOverMoreKeys, read by resolve_problem). Its forward never takes the decode kernel,
+  // so that its scores, and the lse merged from them, are the ones the fused backward
+  // recomputes; and its backward, whose lse sums over more keys than the call's, renormalises
+  // no row over the call's own keys (kernels/flash.cpp).
   bool lse_over_more_keys = false;
 
   /// Keys s with s <= last_causal_key(l) are allowed by the causal rule (all keys when
@@ -198,8 +200,8 @@ struct Problem {
   }
 };
 
-/// While alive, attention_backward calls made on this thread take their lse as summed over more
-/// keys than the call's own (Problem::lse_over_more_keys): the ring's blocks.
+/// While alive, attention_forward and attention_backward calls made on this thread are blocks
+/// of a softmax over more keys than the call's own (Problem::lse_over_more_keys): the ring's.
 class ScopedLseOverMoreKeys {
  public:
   ScopedLseOverMoreKeys();

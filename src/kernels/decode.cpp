@@ -1630,7 +1630,9 @@ void decode_forward(const DecodeProblem& p) {
   }
 }
 
-bool decode_applies(const Problem& p) { return p.L <= kDecodeMaxQueries && !p.variants.any(); }
+bool decode_applies(const Problem& p) {
+  return p.L <= kDecodeMaxQueries && !p.variants.any() && !p.lse_over_more_keys;
+}
 
 void decode_forward(const Problem& p) {
   DecodeProblem d;

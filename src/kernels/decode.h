@@ -94,7 +94,8 @@ struct DecodeProblem {
 void decode_forward(const DecodeProblem& p);
 
 /// True when attention_forward's fast implementation hands `p` to the decode kernel: plain
-/// attention (no variant) with at most kDecodeMaxQueries query rows. The fused backward of such a
+/// attention (no variant) with at most kDecodeMaxQueries query rows, and not a block of a larger
+/// softmax (Problem::lse_over_more_keys). The fused backward of such a
 /// problem renormalises every row (its scores round differently from the decode kernel's, so the
 /// forward's lse does not normalise them exactly; kernels/flash.cpp).
 bool decode_applies(const Problem& p);

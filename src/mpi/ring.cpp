@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/half_attention.h"
 #include "core/problem.h"
 #include "mpi/detail.h"
 
@@ -186,34 +187,38 @@ Array task_mask(const Layout& lay, const TensorRef& mask, std::int64_t la, std::
   return slice_axis(rows, nd - 1, ka, kb);
 }
 
-// out_acc, lse_acc rows [row0, row0 + n) <- merge with (o, l), by the log-sum-exp identity in
-// the input precision; rows that have seen no key so far keep out = 0, lse = -inf.
+// out_acc, lse_acc rows [row0, row0 + n) (float64) <- merge with the block's (o, l) (type T),
+// by the log-sum-exp identity in float64; rows that have seen no key so far keep out = 0,
+// lse = -inf. The sums of P blocks are rounded once, at the end (forward_typed), as one fused
+// call rounds its out and lse once: merging in float32 rounded the lse at every block, an
+// error of a few units in the last place of |lse| that every P = exp(s - lse) of the backward
+// then carries.
 template <class T>
 void merge(const MutableTensorRef& out_acc, const MutableTensorRef& lse_acc, std::int64_t row0,
            const TensorRef& o, const TensorRef& l, std::int64_t Ev) {
   const Around a = around(lse_acc.shape, static_cast<int>(lse_acc.shape.size()) - 1);
   const std::int64_t n = l.shape.back();
-  auto* acc_o = static_cast<T*>(out_acc.data);
-  auto* acc_l = static_cast<T*>(lse_acc.data);
+  auto* acc_o = static_cast<double*>(out_acc.data);
+  auto* acc_l = static_cast<double*>(lse_acc.data);
   const T* po = static_cast<const T*>(o.data);
   const T* pl = static_cast<const T*>(l.data);
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const double neg_inf = -std::numeric_limits<double>::infinity();
   for (std::int64_t h = 0; h < a.outer; ++h) {
     for (std::int64_t r = 0; r < n; ++r) {
-      T& L1 = acc_l[h * a.n + row0 + r];
-      const T L2 = pl[h * n + r];
+      double& L1 = acc_l[h * a.n + row0 + r];
+      const double L2 = pl[h * n + r];
       if (L2 == neg_inf) continue;
-      T* O1 = acc_o + (h * a.n + row0 + r) * Ev;
+      double* O1 = acc_o + (h * a.n + row0 + r) * Ev;
       const T* O2 = po + (h * n + r) * Ev;
       if (L1 == neg_inf) {
         L1 = L2;
         std::copy(O2, O2 + Ev, O1);
         continue;
       }
-      const T m = std::max(L1, L2);
-      const T lse = m + std::log1p(std::exp(-std::abs(L1 - L2)));
-      const T w1 = std::exp(L1 - lse), w2 = std::exp(L2 - lse);
-      for (std::int64_t e = 0; e < Ev; ++e) O1[e] = w1 * O1[e] + w2 * O2[e];
+      const double m = std::max(L1, L2);
+      const double lse = m + std::log1p(std::exp(-std::abs(L1 - L2)));
+      const double w1 = std::exp(L1 - lse), w2 = std::exp(L2 - lse);
+      for (std::int64_t e = 0; e < Ev; ++e) O1[e] = w1 * O1[e] + w2 * double(O2[e]);
       L1 = lse;
     }
   }
@@ -257,12 +262,14 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
   const std::vector<Range>& my_q = lay.q_ranges[me];
   double t0 = now_seconds();
   const std::vector<Rows> q_parts = split_shard(q, qa, my_q);
-  const Accumulators out_acc = accumulators(out, qa, my_q);
-  const Accumulators lse_acc = accumulators(lse, la, my_q);
+  // The blocks' results merge in float64 (see merge) and are rounded to T once, at the end.
+  Array out64(DType::float64, out.shape), lse64(DType::float64, lse.shape);
+  const Accumulators out_acc = accumulators(out64.mut(), qa, my_q);
+  const Accumulators lse_acc = accumulators(lse64.mut(), la, my_q);
   for (std::size_t i = 0; i < my_q.size(); ++i) {
-    std::fill_n(static_cast<T*>(out_acc.parts[i].data), out_acc.parts[i].numel(), T(0));
-    std::fill_n(static_cast<T*>(lse_acc.parts[i].data), lse_acc.parts[i].numel(),
-                -std::numeric_limits<T>::infinity());
+    std::fill_n(static_cast<double*>(out_acc.parts[i].data), out_acc.parts[i].numel(), 0.0);
+    std::fill_n(static_cast<double*>(lse_acc.parts[i].data), lse_acc.parts[i].numel(),
+                -std::numeric_limits<double>::infinity());
   }
   std::size_t capacity = 0;
   for (int r = 0; r < P; ++r) capacity = std::max(capacity, block_layout(lay, r).elements);
@@ -312,7 +319,11 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
           scratch_tensor(4, lay.dtype, with_dim(out.shape, qa, task.qb - task.qa));
       const MutableTensorRef lt =
           scratch_tensor(5, lay.dtype, with_dim(lse.shape, la, task.qb - task.qa));
-      attention_forward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, o, ot, &lt);
+      {
+        // A block of the global softmax: scored as the ring backward's blocks score it.
+        const sdpa::detail::ScopedLseOverMoreKeys block;
+        attention_forward(qt.ref, kt.ref, vt.ref, mask != nullptr ? &mref : nullptr, o, ot, &lt);
+      }
       merge<T>(out_acc.parts[task.qi], lse_acc.parts[task.qi], task.qa - qr.begin, ot, lt, lay.Ev);
       test_progress(reqs);  // lets the transfer advance between kernel calls
     }
@@ -322,8 +333,10 @@ void forward_typed(MPI_Comm comm, const Layout& lay, const TensorRef& q, const T
     std::swap(cur, nxt);
     ++stats.steps;
   }
-  join_shard(out_acc, qa, out);
-  join_shard(lse_acc, la, lse);
+  join_shard(out_acc, qa, out64.mut());
+  join_shard(lse_acc, la, lse64.mut());
+  sdpa::detail::store_converted(out64, out);
+  sdpa::detail::store_converted(lse64, lse);
 }
 
 // The fused backward recomputes P = exp(score - lse) from the lse it is given, except on rows

@@ -171,6 +171,13 @@ CASES = [
           causal="lower-right", mask=bool_mask((1, 4, 50, 57)), seed=7), "ulysses", 4),
     (Case("GQA 6/3 heads, uneven L=41", (1, 6, 41, 8), (1, 3, 41, 8), gqa=True, seed=8),
      "ulysses", 3),
+    # Scores of a few tens (lse ~ 20-30) over shards of at most 8 query rows: each block's
+    # forward must score as the ring backward does (not on the decode kernel) and the blocks'
+    # lse merge in float64, else P = exp(s - lse) carries errors past the bound.
+    (Case("scores of a few tens, 8-row shards", (1, 2, 24, 8), (1, 2, 24, 8), scale=2.5,
+          seed=101), "ring", 3),
+    (Case("scores of a few tens, 6-row shards", (1, 2, 24, 8), (1, 2, 24, 8), scale=-2.0,
+          seed=100), "ring", 4),
     # Scores of a few hundred: |lse| > 64, rows the fused backward renormalises over the keys of
     # its call; all-to-all calls see every key, so they stay exact.
     (Case("huge scores (|lse| > 64)", (1, 2, 33, 16), (1, 2, 33, 16), causal="upper-left",
