@@ -24,6 +24,7 @@
 #include "lab/common.h"
 #include "lab/experiments.h"
 #include "lab/random.h"
+#include "lab/rem.h"
 #include "lab/scales.h"
 #include "lab/stats.h"
 #include "lab/streams.h"
@@ -190,9 +191,9 @@ json alternatives_table(const LabOptions& options) {
                          {"logit_std_theory", st},
                          {"logit_std", zstd},
                          {"entropy", mean(h)},
-                         {"entropy_theory", ln_n - st * st / 2},
+                         {"entropy_theory", or_null(rem_entropy(st, n))},
                          {"normalized_entropy", mean(h) / ln_n},
-                         {"regime", st * st < 2 * ln_n ? "liquid" : "frozen"},
+                         {"regime", rem_regime(st, n)},
                          {"max_prob", mean(mp)},
                          {"grad_logits_norm", num(gs.median)},
                          {"grad_logits_dead", num(gs.dead)}});
@@ -225,9 +226,14 @@ Table alternatives_table_schema() {
             "`sigma²`, an upper bound"},
            {"logit_std", Kind::number, "", "measured standard deviation of the logits"},
            {"entropy", Kind::number, "nats", "mean over rows"},
-           {"entropy_theory", Kind::number, "nats", "`ln N − s²/2` with the theory's s"},
+           {"entropy_theory", Kind::number, "nats",
+            "the random-energy-model entropy at the theory's s, as in `saturation` (null "
+            "between `s_c` and `1.5 s_c`)",
+            true},
            {"normalized_entropy", Kind::number, "", "`entropy/ln N`"},
-           {"regime", Kind::text, "", "`\"liquid\"` if `s² < 2 ln N`, else `\"frozen\"`"},
+           {"regime", Kind::text, "",
+            "`\"liquid\"`, `\"crossover\"` or `\"frozen\"` at the theory's s (as in "
+            "`saturation`)"},
            {"max_prob", Kind::number, "", "largest probability, mean over rows"},
            {"grad_logits_norm", Kind::number, "",
             "median over rows of the gradient reaching the logits (softcap: before the cap) "

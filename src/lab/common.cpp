@@ -18,6 +18,8 @@ json num(double v) {
   return v;
 }
 
+json or_null(double v) { return std::isnan(v) ? json() : num(v); }
+
 const char* mode_name(Mode mode) { return mode == Mode::full ? "full" : "quick"; }
 const char* lang_name(Lang lang) { return lang == Lang::zh ? "zh" : "en"; }
 

@@ -17,6 +17,8 @@ namespace sdpa::lab {
 
 /// A JSON number, or the strings "inf", "-inf", "nan" (JSON has no such numbers).
 json num(double v);
+/// v, or null where v is NaN: a closed form with no value there (lab/rem.h's rem_entropy).
+json or_null(double v);
 
 /// "quick" / "full", "en" / "zh".
 const char* mode_name(Mode mode);

@@ -33,9 +33,8 @@ std::span<const int> grid_ns(bool full) {
 constexpr int kHistDs[] = {16, 256, 1024};
 constexpr int kHistN = 1024;
 constexpr int kHistBins = 40;
-// The frozen side is compared with Poisson-Dirichlet from 1.5 s_c on: just past s_c, PD's
-// entropy diverges (m -> 1) where the finite-N measurement stays near the crossover's.
-constexpr double kDeepFrozen = 1.5;
+// The frozen side is compared with Poisson-Dirichlet from 1.5 s_c on (lab/rem.h).
+constexpr double kDeepFrozen = kRemDeepFrozen;
 
 constexpr Scale kScales[] = {Scale::one, Scale::inv_sqrt_d, Scale::inv_d};
 constexpr int kReference = 1;  // 1/sqrt(d): the ratios are relative to it
@@ -193,7 +192,7 @@ json run_saturation(const LabOptions& options) {
             {"logit_std", s},
             {"logit_std_measured", std::sqrt(logit_var[si])},
             {"entropy", h},
-            {"entropy_theory", h_theory},
+            {"entropy_theory", or_null(h_theory)},
             {"entropy_annealed", rem_annealed_entropy(s, n)},
             {"entropy_frozen", s > rem_freezing_s(n) ? json(rem_frozen_entropy(s, n)) : json()},
             {"z_relative_variance", num(rem_z_relative_variance(s, n))},
@@ -308,7 +307,7 @@ json run_saturation(const LabOptions& options) {
            {"s", sv},
            {"d_unscaled", sv * sv},
            {"entropy", h},
-           {"entropy_theory", rem_entropy(sv, n)},
+           {"entropy_theory", or_null(rem_entropy(sv, n))},
            {"entropy_annealed", annealed},
            {"entropy_frozen", sv > rem_freezing_s(n) ? json(rem_frozen_entropy(sv, n)) : json()},
            {"z_relative_variance", num(rem_z_relative_variance(sv, n))},
@@ -416,7 +415,9 @@ const Experiment& saturation_experiment() {
         {"entropy", Kind::number, "nats", "mean over rows"},
         {"entropy_theory", Kind::number, "nats",
          "the random-energy-model entropy at `s`: `ln N − s²/2` below `s_c = sqrt(2 ln N)`, the "
-         "Poisson-Dirichlet `ψ(1) − ψ(1 − s_c/s)` above (never negative)"},
+         "Poisson-Dirichlet `ψ(1) − ψ(1 − s_c/s)` from `1.5 s_c` on, null in between (neither "
+         "law applies there: the first reaches 0 at `s_c`, the second diverges at `s_c`)",
+         true},
         {"entropy_annealed", Kind::number, "nats",
          "`ln N − s²/2`, the annealed (liquid-side) result; negative past `s_c`, where it no "
          "longer "
@@ -524,7 +525,8 @@ const Experiment& saturation_experiment() {
          {"d_unscaled", Kind::number, "", "`s²`: the d whose unscaled scores have this s"},
          {"entropy", Kind::number, "nats", "the library's softmax, mean over rows"},
          {"entropy_theory", Kind::number, "nats",
-          "`ln N − s²/2` below `s_c`, `ψ(1) − ψ(1 − s_c/s)` above"},
+          "`ln N − s²/2` below `s_c`, `ψ(1) − ψ(1 − s_c/s)` from `1.5 s_c` on, null in between",
+          true},
          {"entropy_annealed", Kind::number, "nats", "`ln N − s²/2`"},
          {"entropy_frozen", Kind::number, "nats", "`ψ(1) − ψ(1 − s_c/s)`; null for `s ≤ s_c`",
           true},

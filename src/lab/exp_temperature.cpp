@@ -60,7 +60,7 @@ json run_temperature(const LabOptions& options) {
                   {"c", cs[k]},
                   {"scale_value", cs[k] / std::sqrt(static_cast<double>(d))},
                   {"entropy", h},
-                  {"entropy_theory", rem_entropy(cs[k], n)},
+                  {"entropy_theory", or_null(rem_entropy(cs[k], n))},
                   {"entropy_annealed", rem_annealed_entropy(cs[k], n)},
                   {"regime", rem_regime(cs[k], n)},
                   {"normalized_entropy", h / std::log(static_cast<double>(n))},
@@ -148,7 +148,9 @@ const Experiment& temperature_experiment() {
         {"entropy", Kind::number, "nats", "mean over rows"},
         {"entropy_theory", Kind::number, "nats",
          "the random energy model at logit standard deviation `s = c`: `ln N − c²/2` below "
-         "`s_c = sqrt(2 ln N)` (3.1 at N = 128), `ψ(1) − ψ(1 − s_c/c)` above"},
+         "`s_c = sqrt(2 ln N)` (3.1 at N = 128), `ψ(1) − ψ(1 − s_c/c)` from `1.5 s_c` on, null "
+         "in between",
+         true},
         {"entropy_annealed", Kind::number, "nats", "`ln N − c²/2`"},
         {"regime", Kind::text, "",
          "`\"liquid\"`, `\"crossover\"` or `\"frozen\"` at s = c (as in `saturation`)"},

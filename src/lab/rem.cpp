@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 namespace sdpa::lab {
@@ -32,9 +33,10 @@ double rem_frozen_entropy(double s, double n) {
 }
 
 double rem_entropy(double s, double n) {
-  if (s < rem_freezing_s(n)) return rem_annealed_entropy(s, n);
-  // PD's entropy diverges as m -> 1 (s -> s_c from above); no entropy over N keys exceeds ln N.
-  return std::min(std::log(n), rem_frozen_entropy(s, n));
+  const double sc = rem_freezing_s(n);
+  if (s < sc) return std::max(0.0, rem_annealed_entropy(s, n));
+  if (s < kRemDeepFrozen * sc) return std::numeric_limits<double>::quiet_NaN();
+  return rem_frozen_entropy(s, n);
 }
 
 std::string rem_regime(double s, double n) {

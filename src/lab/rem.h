@@ -30,10 +30,15 @@ double rem_z_relative_variance(double s, double n);
 double rem_crossover_s(double n);
 /// psi(1) - psi(1 - m), m = s_c/s: the frozen-side entropy (only for s > s_c).
 double rem_frozen_entropy(double s, double n);
-/// The theory the lab quotes at (s, N): annealed below s_c, Poisson-Dirichlet above (capped at
-/// ln N, which bounds every entropy over N keys: PD's diverges as s -> s_c). PD is the N -> inf
-/// law: at finite N it overestimates deep in the frozen phase (1.55 against 1.02 measured at
-/// N = 8192, s = 8), since the top logits' spacing converges to its limit only as 1/sqrt(ln N).
+/// Past s_c the Poisson-Dirichlet law is compared from kRemDeepFrozen * s_c on: just past s_c
+/// its entropy diverges (m -> 1), where the finite-N entropy stays near the crossover's.
+inline constexpr double kRemDeepFrozen = 1.5;
+/// The theory the lab quotes at (s, N): annealed below s_c (it falls to 0 there),
+/// Poisson-Dirichlet from kRemDeepFrozen * s_c on, and NaN (no value: the lab writes null) in
+/// between, where neither law applies: the annealed line has left 0 behind and PD diverges at
+/// s_c. So it stays within [0, ln N] and never rises with s. PD is the N -> inf law: at finite
+/// N it overestimates deep in the frozen phase (1.55 against 1.02 measured at N = 8192, s = 8),
+/// since the top logits' spacing converges to its limit only as 1/sqrt(ln N).
 double rem_entropy(double s, double n);
 /// "liquid" while (e^{s^2} - 1)/N < 1, "crossover" from there to s_c, "frozen" past s_c.
 std::string rem_regime(double s, double n);

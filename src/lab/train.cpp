@@ -512,7 +512,8 @@ const Experiment& train_experiment() {
          {"init_entropy_scaled", Kind::number, "nats", "the same for `1/sqrt(d)`", true},
          {"rem_entropy_unscaled", Kind::number, "nats",
           "the random-energy-model entropy for logits of standard deviation sqrt(d) over P "
-          "keys (lab/rem.h)"},
+          "keys (lab/rem.h; null between `s_c` and `1.5 s_c`)",
+          true},
          {"init_dead_unscaled", Kind::number, "",
           "fraction of dead rows (`1 − max p < 1e-3`) at step 0, scale 1", true},
          {"outcome", Kind::text, "",
@@ -532,7 +533,9 @@ const Experiment& train_experiment() {
          {"loss_auc", Kind::number, "nats", "mean over seeds of the area under the loss"},
          {"init_entropy", Kind::number, "nats", "attention entropy at step 0 (first seed)", true},
          {"rem_entropy", Kind::number, "nats",
-          "the random-energy-model entropy for logits of standard deviation c over P keys"}}},
+          "the random-energy-model entropy for logits of standard deviation c over P keys "
+          "(null between `s_c` and `1.5 s_c`)",
+          true}}},
        {"study_alternatives",
         "one per alternative (QK-norm, softcap, muP) and regime, against `1/sqrt(d)` on the "
         "same seeds",

@@ -588,7 +588,7 @@ void run_study(const StudyConfig& c, const LabOptions& options, json& result) {
     row["init_entropy_unscaled"] = pu ? num(pu->entropy) : json();
     row["init_entropy_scaled"] = ps ? num(ps->entropy) : json();
     // Unscaled logits start with standard deviation sqrt(d) over P keys.
-    row["rem_entropy_unscaled"] = num(rem_entropy(std::sqrt(double(R[r].d)), R[r].task.pairs));
+    row["rem_entropy_unscaled"] = or_null(rem_entropy(std::sqrt(double(R[r].d)), R[r].task.pairs));
     row["init_dead_unscaled"] = pu ? num(pu->dead) : json();
     row["outcome"] = regime_outcome(st);
     regimes.push_back(row);
@@ -626,7 +626,7 @@ void run_study(const StudyConfig& c, const LabOptions& options, json& result) {
                      {"steps_ci_high", std::exp(ci.high)},
                      {"loss_auc", auc},
                      {"init_entropy", p0 ? num(p0->entropy) : json()},
-                     {"rem_entropy", num(rem_entropy(t, R[tr].task.pairs))}});
+                     {"rem_entropy", or_null(rem_entropy(t, R[tr].task.pairs))}});
   }
   // The alternatives against 1/sqrt(d) on the same seeds.
   for (std::size_t v = 0; v < variants.size(); ++v) {

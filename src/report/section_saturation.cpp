@@ -44,12 +44,16 @@ void section_c7(Page& page) {
     f.id = "c7-saturation";
     f.caption = page.tr(
         fmt::format("C7: saturation against d for each scale (N = {} keys): "
-                    "entropy (dashed: theory ln N − s²/2), largest probability, "
+                    "entropy (dashed: the random-energy-model theory, ln N − s²/2 below s_c = "
+                    "√(2 ln N), Poisson-Dirichlet from 1.5 s_c on, a gap between), largest "
+                    "probability, "
                     "gradient reaching Q, dead rows.",
                     n),
-        fmt::format("C7：各缩放下饱和程度随 d 的变化（N = {} 个键）：熵（虚线：理论值 ln N − "
-                    "s²/2）、最大概率、到达 Q 的梯度、死行比例。",
-                    n));
+        fmt::format(
+            "C7：各缩放下饱和程度随 d 的变化（N = {} 个键）：熵（虚线：随机能量模型的理论值，"
+            "s_c = √(2 ln N) 以下为 ln N − s²/2，1.5 s_c 起为 Poisson-Dirichlet，"
+            "两者之间留空）、最大概率、到达 Q 的梯度、死行比例。",
+            n));
     f.sources = {csv_name("saturation", "saturation")};
     f.columns = 2;
     f.width = 980;

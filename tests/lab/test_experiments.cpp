@@ -212,6 +212,7 @@ TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
   // Gaussian logits: ln N - s^2/2 within 2% of ln N for s <= 1 (N >= 128); on the liquid side
   // (Var Z / (E Z)^2 < 1) within 10% of ln N; deep in the frozen phase (s >= 2 s_c) the
   // entropy is of order 1 and Poisson-Dirichlet's N -> inf value lies within a factor 2 of it.
+  std::map<double, double> last_theory, last_s;
   for (const auto& row : r["tables"]["entropy_curve"]) {
     const double n = row["n_keys"], s = row["s"], h = num_of(row["entropy"]);
     if (s <= 1.0 && n >= 128) {
@@ -229,7 +230,23 @@ TEST(Saturation, ScaledEntropyFollowsTheRandomEnergyModel) {
       EXPECT_GT(h, pd / 2) << "N " << n << " s " << s;
       EXPECT_LT(h, pd * 2) << "N " << n << " s " << s;
     }
-    EXPECT_GE(num_of(row["entropy_theory"]), 0.0);
+    // The theory is an entropy, within [0, ln N] and never rising with s on either side of the
+    // gap; null exactly between s_c and 1.5 s_c, where neither law applies.
+    const double sc = std::sqrt(2 * std::log(n));
+    const json theory = row["entropy_theory"];
+    if (s >= sc && s < 1.5 * sc) {
+      EXPECT_TRUE(theory.is_null()) << "N " << n << " s " << s;
+    } else {
+      ASSERT_TRUE(theory.is_number()) << "N " << n << " s " << s;
+      EXPECT_GE(theory.get<double>(), 0.0);
+      EXPECT_LE(theory.get<double>(), std::log(n) + 1e-12);
+      const double side = s < sc ? n : -n;  // one key per curve and side
+      if (last_s.count(side) != 0 && last_s[side] < s) {
+        EXPECT_LE(theory.get<double>(), last_theory[side] + 1e-12) << "N " << n << " s " << s;
+      }
+      last_theory[side] = theory.get<double>();
+      last_s[side] = s;
+    }
   }
   // The dead fraction of unscaled dQ rows follows the top-two-gap prediction where it is large
   // (d = 1024: 15-55% of rows), within 0.1.
