@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <ctime>
+#include <set>
+#include <string>
 
 #include "bench/bench.h"
 #include "lab/claims.h"
@@ -122,6 +125,35 @@ void data_files(Page& page) {
   s.blocks.push_back(std::move(t));
 }
 
+// The seed and mode the page's numbers came from: the options' for a run, the lab results'
+// for --from (one value when every file agrees, else each value, "mixed"). `unique` is false
+// when the files disagree or record none.
+struct Provenance {
+  std::string seed, mode;
+  bool unique = true;
+};
+
+Provenance provenance(const Inputs& inputs, const ReportOptions& options) {
+  if (!options.from) return {std::to_string(options.seed), lab::mode_name(options.mode), true};
+  std::set<std::string> seeds, modes;
+  for (const auto& [name, result] : inputs.lab) {
+    if (!result.is_object()) continue;
+    if (result.contains("seed") && result["seed"].is_number_unsigned()) {
+      seeds.insert(std::to_string(result["seed"].get<std::uint64_t>()));
+    }
+    if (result.contains("mode") && result["mode"].is_string()) {
+      modes.insert(result["mode"].get<std::string>());
+    }
+  }
+  auto join = [](const std::set<std::string>& values) {
+    if (values.empty()) return std::string("?");
+    std::string text;
+    for (const auto& v : values) text += (text.empty() ? "" : ", ") + v;
+    return values.size() == 1 ? text : "mixed: " + text;
+  };
+  return {join(seeds), join(modes), seeds.size() == 1 && modes.size() == 1};
+}
+
 }  // namespace
 
 Built build_document(const Inputs& inputs, const ReportOptions& options, const fs::path& work_dir) {
@@ -148,13 +180,23 @@ Built build_document(const Inputs& inputs, const ReportOptions& options, const f
     section(page);
   }
   data_files(page);
-  d.footer =
-      page.tr(fmt::format("sdpa {} · seed {} · every figure drawn by gnuplot from the CSV "
-                          "beside it in data/ · regenerate with: sdpa report --{} --seed {}",
-                          version(), o.seed, lab::mode_name(o.mode), o.seed),
-              fmt::format("sdpa {} · 种子 {} · 每张图都由 gnuplot 根据 data/ 中对应的 CSV 绘制 · "
-                          "重新生成：sdpa report --{} --seed {} --lang zh",
-                          version(), o.seed, lab::mode_name(o.mode), o.seed));
+  // With --from the numbers are the files': their seed and mode, and a command that
+  // regenerates them only when every file agrees on both.
+  const Provenance pv = provenance(inputs, o);
+  const std::string again =
+      pv.unique ? fmt::format("sdpa report --{} --seed {}", pv.mode, pv.seed) : std::string();
+  d.footer = page.tr(
+      fmt::format("sdpa {} · seed {} · every figure drawn by gnuplot from the CSV beside it in "
+                  "data/ · {}",
+                  version(), pv.seed,
+                  pv.unique ? "regenerate with: " + again
+                            : "the data's files differ in seed or mode: regenerate each with "
+                              "sdpa lab <experiment> --json"),
+      fmt::format("sdpa {} · 种子 {} · 每张图都由 gnuplot 根据 data/ 中对应的 CSV 绘制 · {}",
+                  version(), pv.seed,
+                  pv.unique
+                      ? "重新生成：" + again + " --lang zh"
+                      : "数据文件的种子或模式不一致：请用 sdpa lab <实验> --json 分别重新生成"));
   return std::move(page.built());
 }
 
@@ -166,20 +208,25 @@ std::vector<std::pair<std::string, std::string>> header_meta(const Inputs& input
   if (inputs.bench.is_object() && inputs.bench.contains("rows") && !inputs.bench["rows"].empty()) {
     target = str(&inputs.bench["rows"][0], "target");
   }
-  std::string mode = lab::mode_name(options.mode);
+  const Provenance pv = provenance(inputs, options);
+  std::string mode = pv.mode;
   if (options.from)
     mode += zh ? "（从 " + options.from->string() + " 重新绘制）"
                : " (re-rendered from " + options.from->string() + ")";
   std::vector<std::pair<std::string, std::string>> m = {
       {zh ? "版本" : "version", std::string("sdpa ") + version()},
-      {zh ? "种子" : "seed", std::to_string(options.seed)},
+      {zh ? "种子" : "seed", pv.seed},
       {zh ? "模式" : "mode", mode},
       {zh ? "机器" : "machine",
        bench::cpu_description() + (target.empty() ? "" : ", SIMD " + target)},
-      {zh ? "线程" : "threads", std::to_string(resolve_threads(options.threads))},
-      {zh ? "日期" : "date", utc_now()},
-      {zh ? "耗时" : "time taken", fmt::format("{:.1f} s", seconds)},
   };
+  // The lab's numbers are the same for any thread count; the count is this run's, so a page
+  // re-rendered from files does not state one.
+  if (!options.from) {
+    m.emplace_back(zh ? "线程" : "threads", std::to_string(resolve_threads(options.threads)));
+  }
+  m.emplace_back(zh ? "日期" : "date", utc_now());
+  m.emplace_back(zh ? "耗时" : "time taken", fmt::format("{:.1f} s", seconds));
   return m;
 }
 

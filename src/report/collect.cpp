@@ -79,6 +79,21 @@ void check_lab_shape(const fs::path& path, const json& result) {
         fmt::format("{}: expected a lab result (`sdpa lab --json`), got {}", path.string(), what));
   };
   if (!result.is_object()) refuse(fmt::format("a JSON {}", result.type_name()));
+  // The file's name says which experiment the page credits: the result must be that one's.
+  const std::string stem = path.stem().string();
+  if (result.contains("experiment") &&
+      (!result["experiment"].is_string() || result["experiment"].get<std::string>() != stem)) {
+    refuse(fmt::format("\"experiment\": {} (expected \"{}\", as the file is named)",
+                       result["experiment"].dump(), stem));
+  }
+  if (result.contains("claims")) {
+    if (!result["claims"].is_array()) {
+      refuse(fmt::format("\"claims\" as a JSON {}", result["claims"].type_name()));
+    }
+    for (const auto& claim : result["claims"]) {
+      if (!claim.is_object()) refuse(fmt::format("a claim as a JSON {}", claim.type_name()));
+    }
+  }
   if (!result.contains("tables")) return;
   const json& tables = result["tables"];
   if (!tables.is_object()) refuse(fmt::format("\"tables\" as a JSON {}", tables.type_name()));

@@ -503,6 +503,24 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(json.loads(r.stdout)["missing"]) > 0, "--json does not list what is missing")
     check('id="fig-c4-variance"' in page, "the present experiment was not drawn")
 
+    # a page re-rendered from files states the files' seed and mode, not the command line's
+    fixture = json.load(open(os.path.join(FIXTURES, "variance.json"), encoding="utf-8"))
+    r = run("report", "--from", partial, "--out", out_p, "--seed", "777", "--full")
+    md = open(os.path.join(out_p, "report.md"), encoding="utf-8").read()
+    check(r.returncode == 0 and f"**seed**: {fixture['seed']}\n" in md and "777" not in md and
+          f"sdpa report --{fixture['mode']} --seed {fixture['seed']}" in md,
+          "--from: the header and footer do not state the data's seed and mode")
+    # a file whose experiment is not the one its name says is refused, naming it
+    wrong = os.path.join(tmp, "wrong")
+    os.mkdir(wrong)
+    shutil.copy(os.path.join(FIXTURES, "variance.json"), os.path.join(wrong, "derive.json"))
+    r = run("report", "--from", wrong, "--out", os.path.join(tmp, "report-wrong"))
+    check(r.returncode == 2 and "derive.json" in r.stderr and '"variance"' in r.stderr and
+          not os.path.exists(os.path.join(tmp, "report-wrong")),
+          f"a misnamed lab file: exit {r.returncode}: {r.stderr.strip()}")
+    shutil.rmtree(wrong)
+    shutil.rmtree(out_p)
+
     # bad arguments: exit 2, a message naming the argument, nothing written
     fresh = os.path.join(tmp, "fresh")
     afile = os.path.join(tmp, "afile")
