@@ -343,6 +343,7 @@ json run_experiment(const TrainConfig& config, const LabOptions& options) {
   return {{"experiment", "train"},
           {"seed", options.seed},
           {"mode", mode_name(options.mode)},
+          {"lang", lang_name(options.lang)},
           {"seconds", seconds},
           {"config", cfg},
           {"claims", json::array({claim})},

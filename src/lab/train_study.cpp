@@ -114,30 +114,46 @@ std::string regime_outcome(const RegimeStats& r) {
   return "similar";
 }
 
-StudyVerdict judge_study(const std::vector<RegimeStats>& regimes, const std::string& qualifiers) {
+StudyVerdict judge_study(const std::vector<RegimeStats>& regimes, const std::string& qualifiers,
+                         Lang lang) {
+  const bool zh = lang == Lang::zh;
   std::vector<std::string> stuck, slower, other;
   int inconclusive = 0;
   for (const RegimeStats& r : regimes) {
     const std::string o = regime_outcome(r);
-    const std::string nums = fmt::format("{} ({}x [{:.3g}, {:.3g}], unscaled reached 90% on {}/{})",
-                                         r.name, fmt::format("{:.3g}", r.ratio), r.ratio_low,
-                                         r.ratio_high, r.unscaled_reached, r.seeds);
+    const std::string nums =
+        zh ? fmt::format("{}（{}x [{:.3g}, {:.3g}]，不缩放时 {}/{} 个种子达到 90%）", r.name,
+                         fmt::format("{:.3g}", r.ratio), r.ratio_low, r.ratio_high,
+                         r.unscaled_reached, r.seeds)
+           : fmt::format("{} ({}x [{:.3g}, {:.3g}], unscaled reached 90% on {}/{})", r.name,
+                         fmt::format("{:.3g}", r.ratio), r.ratio_low, r.ratio_high,
+                         r.unscaled_reached, r.seeds);
     if (o == "stuck") stuck.push_back(r.name);
     if (o == "slower") slower.push_back(nums);
-    if (o == "similar" || o == "faster") other.push_back(o + ": " + nums);
+    if (o == "similar" || o == "faster") {
+      other.push_back((zh ? (o == "faster" ? "更快" : "相近") : o) + std::string(zh ? "：" : ": ") +
+                      nums);
+    }
     inconclusive += o == "inconclusive";
   }
-  auto join = [](const std::vector<std::string>& v) {
+  auto join = [zh](const std::vector<std::string>& v) {
     std::string s;
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "; " : "") + v[i];
-    return s.empty() ? std::string("none") : s;
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? (zh ? "；" : "; ") : "") + v[i];
+    return s.empty() ? std::string(zh ? "无" : "none") : s;
   };
   StudyVerdict v;
-  v.measurement = fmt::format(
-      "{}. Stuck (1/sqrt(d) learns on every seed, unscaled on none): {}. Slower (steps to 90% "
-      "accuracy, unscaled / scaled, geometric mean over seeds with its 95% bootstrap interval "
-      "above 1): {}. Otherwise: {}. Inconclusive (1/sqrt(d) itself missed): {} of {} regimes.",
-      qualifiers, join(stuck), join(slower), join(other), inconclusive, regimes.size());
+  v.measurement =
+      zh ? fmt::format(
+               "{}。卡住（1/sqrt(d) 在每个种子上都学会，不缩放时一个也没有）：{}。更慢（达到 "
+               "90% 准确率的步数之比，不缩放 / 缩放，种子上的几何平均，其 95% 自助法区间高于 "
+               "1）：{}。其余：{}。无法判断（1/sqrt(d) 本身未达到）：{} 个区域中的 {} 个。",
+               qualifiers, join(stuck), join(slower), join(other), regimes.size(), inconclusive)
+         : fmt::format(
+               "{}. Stuck (1/sqrt(d) learns on every seed, unscaled on none): {}. Slower (steps "
+               "to 90% accuracy, unscaled / scaled, geometric mean over seeds with its 95% "
+               "bootstrap interval above 1): {}. Otherwise: {}. Inconclusive (1/sqrt(d) itself "
+               "missed): {} of {} regimes.",
+               qualifiers, join(stuck), join(slower), join(other), inconclusive, regimes.size());
   const std::size_t decided = regimes.size() - static_cast<std::size_t>(inconclusive);
   if (regimes.empty() || decided == 0) {
     v.verdict = "inconclusive";
@@ -147,16 +163,22 @@ StudyVerdict judge_study(const std::vector<RegimeStats>& regimes, const std::str
     v.condition = qualifiers;
   } else if (!stuck.empty()) {
     v.verdict = "holds-if";
-    v.condition = "in these regimes (" + qualifiers + "): " + join(stuck);
+    v.condition = zh ? "在这些区域中（" + qualifiers + "）：" + join(stuck)
+                     : "in these regimes (" + qualifiers + "): " + join(stuck);
   } else {
     v.verdict = "fails";
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
     for (const RegimeStats& r : regimes) {
       if (regime_outcome(r) == "slower") lo = std::min(lo, r.ratio), hi = std::max(hi, r.ratio);
     }
-    v.condition = fmt::format("{}; unscaled never stuck, slower in {} of {} decided regimes",
-                              qualifiers, slower.size(), decided);
-    if (!slower.empty()) v.condition += fmt::format(" ({:.3g}x to {:.3g}x)", lo, hi);
+    v.condition = zh ? fmt::format("{}；不缩放时从未卡住，在 {} 个可判断区域中的 {} 个更慢",
+                                   qualifiers, decided, slower.size())
+                     : fmt::format("{}; unscaled never stuck, slower in {} of {} decided regimes",
+                                   qualifiers, slower.size(), decided);
+    if (!slower.empty()) {
+      v.condition += zh ? fmt::format("（{:.3g}x 至 {:.3g}x）", lo, hi)
+                        : fmt::format(" ({:.3g}x to {:.3g}x)", lo, hi);
+    }
   }
   return v;
 }
@@ -685,29 +707,49 @@ void run_study(const StudyConfig& c, const LabOptions& options, json& result) {
     if (("/" + widths + "/").find("/" + w + "/") == std::string::npos)
       widths += (widths.empty() ? "" : "/") + w;
   }
-  const std::string qualifiers = fmt::format(
-      "one attention layer; associative recall (one-hot attention solves it) with P = {} to {} "
-      "keys, and majority recall (needs attention over 3 matching keys) in {} regimes; widths "
-      "D = {}, {} multi-head regimes (h = D/d) and single heads d = D; SGD, SGD+momentum, Adam; "
-      "{} paired seeds per regime, rates chosen on {} held-out seed(s); {} steps",
-      pmin, pmax, soft, widths, heads, c.eval_seeds, c.tune_seeds, c.steps);
-  const StudyVerdict v = judge_study(stats, qualifiers);
+  const bool zh = options.lang == Lang::zh;
+  const std::string qualifiers =
+      zh ? fmt::format(
+               "单个注意力层；P = {} 至 {} 个键的关联回忆（独热注意力即可解决），以及 {} "
+               "个区域中的多数回忆（需要把注意力分散到 3 个匹配的键上）；宽度 D = {}，{} "
+               "个多头区域（h = D/d）以及单头 d = D；SGD、SGD+动量、Adam；每个区域 {} "
+               "个配对种子，学习率在 {} 个留出种子上选定；{} 步",
+               pmin, pmax, soft, widths, heads, c.eval_seeds, c.tune_seeds, c.steps)
+         : fmt::format(
+               "one attention layer; associative recall (one-hot attention solves it) with P = "
+               "{} to {} keys, and majority recall (needs attention over 3 matching keys) in {} "
+               "regimes; widths D = {}, {} multi-head regimes (h = D/d) and single heads d = D; "
+               "SGD, SGD+momentum, Adam; {} paired seeds per regime, rates chosen on {} "
+               "held-out seed(s); {} steps",
+               pmin, pmax, soft, widths, heads, c.eval_seeds, c.tune_seeds, c.steps);
+  const StudyVerdict v = judge_study(stats, qualifiers, options.lang);
   const std::string theory =
-      "At initialisation q.k has variance d, so unscaled scores start frozen (entropy near 0 "
-      "for d >> 2 ln P, the random-energy-model freezing point). Plain SGD moves the weights by "
-      "the gradient, which saturation shrinks for most rows; momentum accumulates it; Adam "
-      "divides it by its own size. If the article is right, unscaled attention should be stuck, "
-      "or at least slower, most of all under SGD, at large d, at small P, and on a task that "
-      "needs attention spread over several keys.";
-  json claim = make_claim(
-      "C8", options.lang, theory, v.measurement, ::sdpa::lab::Verdict{v.verdict, v.condition},
-      "Time to 90% accuracy is interpolated between evaluations every " +
-          std::to_string(c.dense_every) + " steps up to step " + std::to_string(c.dense_until) +
-          " (then every " + std::to_string(c.sparse_every) +
-          "); a seed that never reaches it counts as the whole budget. "
-          "Table study_temperature separates the initial temperature from "
-          "the parametrisation: c/sqrt(d) for c from the sweep at d = " +
-          std::to_string(td) + ".");
+      zh ? "初始化时 q.k 的方差为 d，所以不缩放的分数一开始就是冻结的（d >> 2 ln P "
+           "时熵接近 0，即随机能量模型的冻结点）。普通 SGD "
+           "按梯度移动权重，而饱和使大多数行的梯度变小；动量会累积梯度；Adam "
+           "用梯度自身的大小去除它。如果原文正确，不缩放的注意力应当卡住，至少也应更慢，"
+           "尤其是在 SGD 下、d 较大、P 较小、以及需要把注意力分散到多个键上的任务上。"
+         : "At initialisation q.k has variance d, so unscaled scores start frozen (entropy near 0 "
+           "for d >> 2 ln P, the random-energy-model freezing point). Plain SGD moves the weights "
+           "by the gradient, which saturation shrinks for most rows; momentum accumulates it; "
+           "Adam divides it by its own size. If the article is right, unscaled attention should "
+           "be stuck, or at least slower, most of all under SGD, at large d, at small P, and on a "
+           "task that needs attention spread over several keys.";
+  const std::string evidence =
+      zh ? fmt::format(
+               "达到 90% 准确率的时间在评估点之间插值：到第 {} 步为止每 {} 步评估一次"
+               "（之后每 {} 步）；从未达到的种子按整个预算计。表 study_temperature "
+               "把初始温度与参数化分开：在 d = {} 时对扫描中的 c 取 c/sqrt(d)。",
+               c.dense_until, c.dense_every, c.sparse_every, td)
+         : "Time to 90% accuracy is interpolated between evaluations every " +
+               std::to_string(c.dense_every) + " steps up to step " +
+               std::to_string(c.dense_until) + " (then every " + std::to_string(c.sparse_every) +
+               "); a seed that never reaches it counts as the whole budget. "
+               "Table study_temperature separates the initial temperature from "
+               "the parametrisation: c/sqrt(d) for c from the sweep at d = " +
+               std::to_string(td) + ".";
+  json claim = make_claim("C8", options.lang, theory, v.measurement,
+                          ::sdpa::lab::Verdict{v.verdict, v.condition}, evidence);
   result["claims"].push_back(claim);
 }
 

@@ -71,8 +71,10 @@ struct StudyVerdict {
 /// C8 over the regimes: holds when stuck in every decided regime, holds-if (naming the regimes)
 /// when in some, fails when in none, inconclusive when every regime is. The condition always
 /// carries the qualifiers (for "fails" too, so that the front table shows them); the
-/// measurement's first sentence carries them as well.
-StudyVerdict judge_study(const std::vector<RegimeStats>& regimes, const std::string& qualifiers);
+/// measurement's first sentence carries them as well. The text is in `lang` (the qualifiers
+/// are given in it).
+StudyVerdict judge_study(const std::vector<RegimeStats>& regimes, const std::string& qualifiers,
+                         Lang lang = Lang::en);
 
 /// Rate transfer across widths: "transfers" when the rate chosen at every width is within one
 /// grid step (a factor `step`, with 1% slack) of the one chosen at the smallest width, "shifts"

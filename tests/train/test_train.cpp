@@ -370,6 +370,7 @@ TEST(TrainExperiment, JsonHasTheCommonForm) {
   EXPECT_EQ(j["experiment"], "train");
   EXPECT_EQ(j["seed"], 5);
   EXPECT_EQ(j["mode"], "quick");
+  EXPECT_EQ(j["lang"], "en");
   EXPECT_TRUE(j["seconds"].is_number());
   ASSERT_EQ(j["claims"].size(), 1u);
   const json& claim = j["claims"][0];
@@ -483,6 +484,21 @@ TEST(StudyVerdict, JudgeOverRegimesCarriesTheQualifiers) {
   EXPECT_EQ(judge_study({stuck, lost}, "Q").verdict, "holds");
   EXPECT_EQ(judge_study({lost, lost}, "Q").verdict, "inconclusive");
   EXPECT_EQ(judge_study({}, "Q").verdict, "inconclusive");
+  // In Chinese: the same verdicts, the text in Chinese around the regimes' names and numbers.
+  const auto has_cjk = [](const std::string& t) {
+    return t.find("\xe5") != std::string::npos || t.find("\xe4") != std::string::npos ||
+           t.find("\xe6") != std::string::npos || t.find("\xe7") != std::string::npos;
+  };
+  for (const auto& regimes :
+       {std::vector<RegimeStats>{slow, slow}, std::vector<RegimeStats>{slow, stuck},
+        std::vector<RegimeStats>{lost, lost}}) {
+    const StudyVerdict en = judge_study(regimes, "Q"),
+                       zh = judge_study(regimes, "Q", sdpa::lab::Lang::zh);
+    EXPECT_EQ(zh.verdict, en.verdict);
+    EXPECT_TRUE(has_cjk(zh.measurement)) << zh.measurement;
+    EXPECT_EQ(zh.measurement.find("Stuck"), std::string::npos) << zh.measurement;
+    EXPECT_EQ(zh.condition.find("regimes"), std::string::npos) << zh.condition;
+  }
 }
 
 TEST(StudyVerdict, CrossingIsInterpolatedBetweenEvaluations) {
