@@ -57,7 +57,11 @@ std::uint64_t Params::seed(const std::string& name, std::uint64_t fallback) {
   if (v.is_null()) return fallback;
   // 2^53: the largest integer a JavaScript number holds exactly.
   constexpr double kMax = 9007199254740992.0;
-  if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > kMax ||
+  // An integer is compared as one: 2^53 + 1 would round to 2^53 as a double.
+  const bool too_big = (v.is_number_unsigned() && v.get<std::uint64_t>() > (1ULL << 53)) ||
+                       (v.is_number_integer() && !v.is_number_unsigned() &&
+                        v.get<std::int64_t>() > (std::int64_t{1} << 53));
+  if (!v.is_number() || too_big || v.get<double>() < 0 || v.get<double>() > kMax ||
       v.get<double>() != std::floor(v.get<double>())) {
     throw ParamError(name,
                      fmt::format("{} must be an integer in [0, 2^53], got {}", name, show(v)));

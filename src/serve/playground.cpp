@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "lab/lowp.h"
@@ -42,7 +43,14 @@ std::vector<double> parse_logits(const json& v) {
       if (*c == '\0') break;
       char* end = nullptr;
       const double value = std::strtod(c, &end);
-      if (end == c || !std::isfinite(value)) {
+      // A decimal number (no hex, inf or nan that strtod would also read), followed by a
+      // separator or the end ("1-2" is not two numbers).
+      const bool decimal =
+          end != c && std::string_view(c, static_cast<std::size_t>(end - c))
+                              .find_first_not_of("0123456789.eE+-") == std::string_view::npos;
+      const bool separated =
+          *end == '\0' || *end == ',' || std::isspace(static_cast<unsigned char>(*end));
+      if (!decimal || !separated || !std::isfinite(value)) {
         throw ParamError("logits",
                          fmt::format("logits must be finite numbers separated by commas, could "
                                      "not read \"{}\"",
@@ -52,7 +60,9 @@ std::vector<double> parse_logits(const json& v) {
       c = end;
       if (x.size() > kMaxLogits) break;
     }
-  } else if (!v.is_null()) {
+  } else if (v.is_null()) {
+    x = {1000, 10, 5};  // absent: the default /api/info states
+  } else {
     throw ParamError("logits", "logits must be a list of numbers or a string like \"1000, 10, 5\"");
   }
   if (x.empty() || x.size() > kMaxLogits) {

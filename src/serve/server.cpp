@@ -1,7 +1,8 @@
 // The HTTP side of `sdpa serve` (cpp-httplib): routes, limits, and the signal-driven stop.
 //
 // Limits, each with the answer beyond it:
-//   request bodies      kMaxBody bytes                        413, JSON
+//   request bodies      kMaxBody bytes, with a Content-Length  413, JSON (a body without its
+//                       length, Transfer-Encoding: chunked: 411, before any byte of it is read)
 //   compute requests    one at a time through compute_gate    (they queue; each is bounded)
 //   training runs       one per client, max_runs overall      429 {"busy": ...}
 //   event streams       max_streams open at once              429 {"busy": ...}
@@ -12,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -62,6 +64,9 @@ json parse_body(const httplib::Request& req) {
     return json::parse(req.body);
   } catch (const json::parse_error& e) {
     throw ParamError("body", std::string("the request body is not valid JSON: ") + e.what());
+  } catch (const json::exception& e) {  // a number past double's range (1e400)
+    throw ParamError("body",
+                     std::string("the request body holds a value JSON cannot carry: ") + e.what());
   }
 }
 
@@ -84,11 +89,16 @@ void guarded(httplib::Response& res, Fn&& fn) {
 }
 
 std::int64_t run_id(const json& v, const char* name) {
-  if (!v.is_number_integer() || v.get<std::int64_t>() < 1) {
+  // 1.0 is accepted as 1, as for every other integer parameter (JavaScript has one number type).
+  const bool integral =
+      v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                v.get<double>() == std::floor(v.get<double>()) &&
+                                std::fabs(v.get<double>()) < 9007199254740992.0);
+  if (!integral || v.get<double>() < 1) {
     throw ParamError(name,
                      std::string(name) + " must be a positive integer run id, got " + v.dump());
   }
-  return v.get<std::int64_t>();
+  return v.is_number_integer() ? v.get<std::int64_t>() : static_cast<std::int64_t>(v.get<double>());
 }
 
 std::int64_t query_id(const httplib::Request& req) {
@@ -162,11 +172,26 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
                            {"Content-Security-Policy",
                             "default-src 'self'; img-src 'self' data:; style-src 'self'; "
                             "connect-src 'self'; frame-ancestors 'none'"}});
+  // The body limit above holds only for bodies that state their length: a chunked body would
+  // be read whole, whatever its size. Such requests are answered before their body is read,
+  // and their connection closed (the unread body cannot be skipped).
+  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
+    reply(res, 411,
+          error_body(
+              "expected a request body with a Content-Length (at most " + std::to_string(kMaxBody) +
+                  " bytes), got Transfer-Encoding: " + req.get_header_value("Transfer-Encoding"),
+              json("body")));
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   svr.set_error_handler(
       httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string message = std::to_string(res.status);
+        std::string message = "HTTP status " + std::to_string(res.status);
+        if (res.status == 400) message = "a malformed HTTP request";
         if (res.status == 404) message = "not found";
+        if (res.status == 414) message = "the request's URI is too long";
         if (res.status == 413) {
           message = "the request body is larger than " + std::to_string(kMaxBody) + " bytes";
         }
@@ -263,8 +288,7 @@ void run_server(const ServeOptions& options, const std::function<void(int port)>
             });
             if (!run) return;
             auto seen = std::make_shared<std::size_t>(0);
-            res.body.clear();
-            res.set_header("Cache-Control", "no-store");
+            res.body.clear();  // reply() set Cache-Control: no-store already
             res.set_chunked_content_provider(
                 "text/event-stream",
                 [run, seen](std::size_t, httplib::DataSink& sink) {

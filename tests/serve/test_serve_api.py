@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -129,6 +130,8 @@ BAD = [
     ("/api/softmax", {"logits": "1, x"}, "logits"), ("/api/softmax", {"logits": []}, "logits"),
     ("/api/softmax", {"logits": list(range(65))}, "logits"),
     ("/api/softmax", {"logits": "1e400"}, "logits"),
+    ("/api/softmax", {"logits": "1-2"}, "logits"), ("/api/softmax", {"logits": "0x10"}, "logits"),
+    ("/api/softmax", {"logits": "nan"}, "logits"), ("/api/scores", {"seed": 2**53 + 1}, "seed"),
     ("/api/softmax", {"logits": [1e300], "temperature": 1e-3}, "logits"),
     ("/api/softmax", {"logits": [1, 2], "temperature": 0}, "temperature"),
     ("/api/softmax", {"logits": [1, 2], "target": 2}, "target"),
@@ -150,7 +153,8 @@ def bad_requests(server):
         check(status == 400 and isinstance(r, dict) and r.get("parameter") == param and
               param in r.get("error", ""),
               f"POST {path} {json.dumps(body)[:60]}: 400 naming {param!r} (got {status} {r})")
-    for raw in (b"{", b"[1, 2", b"nul", b'{"d": 64,}', b"\xff\xfe", b"[1]", b"3", b'"d"'):
+    for raw in (b"{", b"[1, 2", b"nul", b'{"d": 64,}', b"\xff\xfe", b"[1]", b"3", b'"d"',
+                b'{"d": 1e400}', b'{"lr": -1e400}'):
         status, r = request(server, "POST", "/api/scores", raw)
         check(status == 400 and r.get("parameter") == "body",
               f"malformed body {raw!r}: 400 naming the body (got {status} {r})")
@@ -174,6 +178,34 @@ def bad_requests(server):
         body = b'{"logits": "' + b"1," * (size // 2) + b'1"}'
         status, r = request(server, "POST", "/api/softmax", body)
         check(status == 413 and r.get("parameter") == "body", f"{len(body)}-byte body: 413 ({status})")
+    # An empty body, or one without logits, takes the default row /api/info states.
+    for raw in (b"", b"{}"):
+        status, r = request(server, "POST", "/api/softmax", raw)
+        check(status == 200 and r.get("logits") == [1000, 10, 5],
+              f"softmax with body {raw!r}: the default logits ({status})")
+    # A chunked body states no length: refused (411) after its headers, before any of it is
+    # read, however much the client goes on sending.
+    with socket.create_connection((server.host, server.port), timeout=30) as c:
+        c.sendall(b"POST /api/scores HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                  b"Content-Type: application/json\r\n\r\n")
+        c.sendall(b"%x\r\n%s\r\n" % (1 << 16, b" " * (1 << 16)))
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = c.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+        head, _, body = answer.partition(b"\r\n\r\n")
+        ok = head.startswith(b"HTTP/1.1 411")
+        if ok:
+            r = json.loads(body)
+            ok = r.get("parameter") == "body" and "Content-Length" in r.get("error", "")
+        check(ok, f"chunked body: 411 naming the body ({head[:40]!r})")
+    status, _ = request(server, "GET", "/api/info")
+    check(status == 200, "the server answers after a refused chunked body")
 
 
 def training_limits(server):
