@@ -614,9 +614,20 @@ std::string lab_text(const py::object& result, const StrArg& lang_arg) {
     type_error("result: expected the dict sdpa.lab.run returned, got " + given(result));
   }
   const std::string lang = as_string(lang_obj, "lang");
-  const std::string text = py::module_::import("json")
-                               .attr("dumps")(result, py::arg("allow_nan") = false)
-                               .cast<std::string>();
+  std::string text;
+  try {
+    text = py::module_::import("json")
+               .attr("dumps")(result, py::arg("allow_nan") = false)
+               .cast<std::string>();
+  } catch (const py::error_already_set& e) {
+    // A float NaN or inf (sdpa.lab.run writes them as the strings "nan" and "inf"), or a value
+    // JSON has no form for.
+    if (!e.matches(PyExc_ValueError) && !e.matches(PyExc_TypeError)) throw;
+    raise_kind(sdpa::ErrorKind::bad_value,
+               std::string("result: expected the dict sdpa.lab.run returned, got one it cannot "
+                           "have returned (") +
+                   py::str(e.value()).cast<std::string>() + ")");
+  }
   return translate([&] {
     const sdpa::lab::Lang l = sdpa::lab::parse_lang(lang, "lang");
     const nlohmann::json j = nlohmann::json::parse(text);

@@ -80,6 +80,11 @@ def test_lab_arguments():
     with pytest.raises(TypeError) as e:
         sdpa.lab.text(None)
     assert "result: expected the dict sdpa.lab.run returned, got None (NoneType)" in message_of(e)
+    for bad in ({"claims": [], "x": float("nan")}, {"claims": [], "x": object()}):
+        with pytest.raises(ValueError) as e:
+            sdpa.lab.text(bad)
+        assert "result: expected the dict sdpa.lab.run returned, got one it cannot" in \
+            message_of(e)
     for seed in (-1, 2**64):
         with pytest.raises(ValueError) as e:
             sdpa.lab.run("softmax", seed=seed)

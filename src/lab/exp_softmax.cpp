@@ -188,7 +188,7 @@ json run_softmax(const LabOptions& options) {
       "J = diag(p) - p p^T has every entry of order e^-990 ~ 1e-430.",
       fmt::format("p = [{:.17g}, {:.17g}, {:.17g}], log10 p = [{:.6g}, {:.6g}, {:.6g}]; log10 of "
                   "the Jacobian row norms = [{:.6g}, {:.6g}, {:.6g}]; naive exp(x)/sum: p0 = {} in "
-                  "float16, float32 and float64",
+                  "float16, bfloat16, float32 and float64",
                   p[0], p[1], p[2], logp[0] / kLn10, logp[1] / kLn10, logp[2] / kLn10,
                   row_norm_log10[0], row_norm_log10[1], row_norm_log10[2],
                   naive_nan ? "NaN" : "finite"),

@@ -90,9 +90,10 @@ std::string render_text(const json& result, Lang lang) {
                          c.value("measurement", std::string()));
       std::string verdict = c.value("verdict", std::string());
       if (zh) {
-        verdict += verdict == "holds"   ? "（成立）"
-                   : verdict == "fails" ? "（不成立）"
-                                        : "（有条件成立）";
+        if (verdict == "holds") verdict += "（成立）";
+        if (verdict == "fails") verdict += "（不成立）";
+        if (verdict == "holds-if") verdict += "（有条件成立）";
+        if (verdict == "inconclusive") verdict += "（无法判断）";
       }
       const std::string condition = c.value("condition", std::string());
       out += fmt::format("  {}: {}{}\n", zh ? "结论" : "verdict", verdict,

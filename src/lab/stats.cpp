@@ -148,7 +148,13 @@ Interval slope_ci(std::span<const double> x, std::span<const double> y) {
                                 2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
                                 2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
   const std::size_t df = n - 2;
-  const double t = df <= 30 ? t975[df - 1] : kZ95;
+  // Past 30 degrees of freedom, the Cornish-Fisher expansion of t's quantile about z's (its
+  // error there is below 1e-5: 1.99834 at 63 against 1.99834).
+  const double v = static_cast<double>(df), z = kZ95, z2 = z * z;
+  const double t =
+      df <= 30 ? t975[df - 1]
+               : z + z * (z2 + 1) / (4 * v) + z * (5 * z2 * z2 + 16 * z2 + 3) / (96 * v * v) +
+                     z * (3 * z2 * z2 * z2 + 19 * z2 * z2 + 17 * z2 - 15) / (384 * v * v * v);
   return {b, b - t * se, b + t * se};
 }
 

@@ -82,10 +82,10 @@ void summary(Page& page) {
         const std::string cond = str(&cl, "condition");
         if (!cond.empty()) verdict_list += " (" + cond + ")";
         std::string first = str(&cl, "measurement");
-        if (const auto dot = first.find(". "); dot != std::string::npos) first.resize(dot + 1);
+        if (const auto dot = first.find(". "); dot != std::string::npos) first.resize(dot);
+        if (!first.empty() && first.back() == '.') first.pop_back();  // "; " or the cell's end
         // (not again when the condition already carries it)
-        if (!first.empty() && cond.find(first.substr(0, first.size() - 1)) == std::string::npos)
-          verdict_list += " — " + first;
+        if (!first.empty() && cond.find(first) == std::string::npos) verdict_list += " — " + first;
       }
     }
     if (verdict_list.empty()) verdict_list = page.tr("not measured in this run", "本次未测量");

@@ -18,15 +18,17 @@ void section_precision(Page& page) {
       "0.5·log2(d) = 4.5 bits; they lose about 6 (the lab measures and derives 6.1), because "
       "the significant probabilities sit at the largest logits, whose size grows faster than "
       "the rms (bits_lost_theory: log2 of the ratio of the significant logits' rms). In the "
-      "naive softmax exp overflows in float16 once the row maximum passes 11.09. (Rounding the "
-      "logits only: a pipeline's bfloat16 Q and K with float32 accumulation needs the library's "
-      "half-precision kernel, not measured here.)",
+      "naive softmax exp overflows in float16 once the row maximum passes 11.09. (Here only the "
+      "logits are rounded; the whole pipeline, bfloat16 Q, K and V through the library's "
+      "kernels, is the lab's table `pipeline`, written beside this page as "
+      "data/precision-pipeline.csv.)",
       "同样的 logits 舍入到 float16、bfloat16（模拟）和 float32：d = 512 时未缩放的 logit 大 "
       "√512 ≈ "
       "22.6 倍，人们可能预期概率损失 0.5·log2(d) = 4.5 位；实际约损失 6 位（实验测得并推导出 "
       "6.1），因为显著的概率位于最大的 logits 处，其大小增长快于均方根（bits_lost_theory）。"
-      "朴素 softmax 在 float16 中一旦行最大值超过 11.09，exp 就会溢出。（这里只舍入 logits："
-      "流水线中的 bfloat16 Q、K 与 float32 累加需要库的半精度计算核，此处未测。）")});
+      "朴素 softmax 在 float16 中一旦行最大值超过 11.09，exp 就会溢出。（这里只舍入 logits；"
+      "整个流水线，即 bfloat16 的 Q、K、V 经过库的计算核，见实验的表 pipeline，"
+      "作为 data/precision-pipeline.csv 写在本页旁边。）")});
   const json* t = page.table("precision", "precision");
   const json* nan = page.table("precision", "naive_nan");
   if (!t) page.note(s, page.absent("precision", "precision"));

@@ -17,6 +17,7 @@ std::string verdict_word(const std::string& verdict, Lang lang) {
   if (verdict == "holds") return zh ? "成立" : "Holds";
   if (verdict == "fails") return zh ? "不成立" : "Does not hold";
   if (verdict == "holds-if") return zh ? "有条件成立" : "Holds only if";
+  if (verdict == "inconclusive") return zh ? "无法判断" : "Inconclusive";
   return zh ? "结论：" + verdict : "Verdict: " + verdict;
 }
 
@@ -193,6 +194,10 @@ Section& Page::claim_section(int index) {
 }
 
 void Page::note(Section& s, const std::string& text) {
+  // A section notes an absent experiment once, however many of its tables it lacks.
+  for (const Block& b : s.blocks) {
+    if (const Note* n = std::get_if<Note>(&b); n != nullptr && n->text == text) return;
+  }
   s.blocks.push_back(Note{text});
   out_.missing.push_back(s.id + ": " + text);
 }

@@ -200,5 +200,31 @@ TEST(ParallelFor, EveryItemOnceAndErrorsPropagate) {
                Error);
 }
 
+// The slope's interval is b ± t·se with Student's t quantile at n − 2 degrees of freedom, on
+// both sides of the table's end at 30: t(0.975) = 2.0423 at 30, 2.0395 at 31, 1.9983 at 63.
+TEST(SlopeCi, UsesStudentsTAtEveryDegreeOfFreedom) {
+  for (const auto& [n, t] : std::vector<std::pair<int, double>>{
+           {32, 2.0423}, {33, 2.0395}, {65, 1.9983}, {102, 1.9840}}) {
+    std::vector<double> x(static_cast<std::size_t>(n)), y(x.size());
+    double sxx = 0, mx = (n - 1) / 2.0;
+    for (int i = 0; i < n; ++i) {
+      x[i] = i;
+      y[i] = 2.0 * i + ((i % 3) - 1) * 0.5;  // a line with a small, known scatter
+      sxx += (i - mx) * (i - mx);
+    }
+    const Interval ci = slope_ci(x, y);
+    double sse = 0;
+    const double b = ci.estimate;
+    double my = 0;
+    for (int i = 0; i < n; ++i) my += y[i] / n;
+    for (int i = 0; i < n; ++i) {
+      const double r = y[i] - (my + b * (i - mx));
+      sse += r * r;
+    }
+    const double se = std::sqrt(sse / (n - 2) / sxx);
+    EXPECT_NEAR((ci.high - ci.low) / (2 * se), t, 5e-4) << "n " << n;  // the table: 3 decimals
+  }
+}
+
 }  // namespace
 }  // namespace sdpa::lab

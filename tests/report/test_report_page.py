@@ -500,7 +500,9 @@ with tempfile.TemporaryDirectory() as tmp:
     page = open(os.path.join(out_p, "index.html"), encoding="utf-8").read()
     check("class=\"note\"" in page and "train.json was not found" in page,
           "the page does not say that train is missing")
-    check(len(json.loads(r.stdout)["missing"]) > 0, "--json does not list what is missing")
+    missing = json.loads(r.stdout)["missing"]
+    check(len(missing) > 0, "--json does not list what is missing")
+    check(len(set(missing)) == len(missing), f"--json lists a missing part twice: {missing}")
     check('id="fig-c4-variance"' in page, "the present experiment was not drawn")
 
     # a page re-rendered from files states the files' seed and mode, not the command line's
