@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <regex>
+#include <string>
 
 #include "commands.h"
 #include "sdpa/sdpa.h"
@@ -29,8 +31,17 @@ int main(int argc, char** argv) {
   sdpa::cli::add_serve_command(app);
 #endif
   // Option-parse errors read like every other error: "sdpa: error: --threads: expected ...".
+  // CLI11 says "--seed: 1 required UINT:UINT64 in [0, 2^64-1] missing" for a flag given
+  // without its value; it reads "--seed: expected UINT:UINT64 in [0, 2^64-1], got nothing".
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return std::string("sdpa: error: ") + e.what() + "\n";
+    static const std::regex missing(R"(^(\S+): \d+ required (.*) missing$)");
+    std::string message = e.what();
+    std::smatch m;
+    if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr &&
+        std::regex_match(message, m, missing)) {
+      message = m[1].str() + ": expected " + m[2].str() + ", got nothing";
+    }
+    return "sdpa: error: " + message + "\n";
   });
   try {
     app.parse(argc, argv);

@@ -68,7 +68,9 @@ for args, needle in ((("softmax", "--lang", "fr"), "--lang"),
                      (("softmax", "--bogus"), "--bogus"),
                      (("list", "extra"), "extra"),
                      ((), "list"),
-                     (("softmax", "--seed", "x"), "--seed")):
+                     (("softmax", "--seed", "x"), "--seed"),
+                     (("softmax", "--seed"), "--seed: expected UINT"),
+                     (("softmax", "--threads"), "got nothing")):
     r = run(*args)
     check(r.returncode == 2, f"lab {' '.join(args)} exits 2, got {r.returncode}")
     check(needle in r.stderr, f"lab {' '.join(args)}: message names {needle}: {r.stderr!r}")
