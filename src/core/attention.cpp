@@ -366,8 +366,9 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   // float32 values over the same key and value, one more forward pass for this mix only.
   TensorRef fwd_out = out;
   std::optional<Array> recomputed;
+  // (Not with grad_sinks, which 16-bit inputs do not take: the call is refused below.)
   if (options.impl == Impl::fast && query.dtype == DType::bfloat16 &&
-      value.dtype == DType::float16) {
+      value.dtype == DType::float16 && grad_sinks == nullptr) {
     const Array q32 = detail::converted_copy(query, DType::float32);
     recomputed.emplace(DType::float32, out.shape);
     attention_forward(q32.ref(), key, value, mask, options, recomputed->mut());
