@@ -38,14 +38,17 @@ const json& Params::raw(const std::string& name) {
   return it == body_.end() ? null_value : *it;
 }
 
+bool integral_number(const json& v) {
+  if (v.is_number_integer()) return true;
+  if (!v.is_number_float()) return false;
+  const double x = v.get<double>();
+  return std::isfinite(x) && x == std::floor(x) && std::fabs(x) <= 9007199254740992.0;
+}
+
 int Params::integer(const std::string& name, int lo, int hi, int fallback) {
   const json& v = raw(name);
   if (v.is_null()) return fallback;
-  // 64.0 is accepted as 64: JavaScript has one number type.
-  const bool integral =
-      v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                                v.get<double>() == std::floor(v.get<double>()));
-  if (!integral || v.get<double>() < lo || v.get<double>() > hi) {
+  if (!integral_number(v) || v.get<double>() < lo || v.get<double>() > hi) {
     throw ParamError(
         name, fmt::format("{} must be an integer in [{}, {}], got {}", name, lo, hi, show(v)));
   }

@@ -13,6 +13,10 @@
 
 namespace sdpa::serve {
 
+/// A JSON integer, or a float with an integral value (64.0 is 64: JavaScript has one number
+/// type), finite and exact in a double.
+bool integral_number(const json& v);
+
 class Params {
  public:
   /// Throws ParamError("body", ...) unless `body` is a JSON object.

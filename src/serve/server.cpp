@@ -13,7 +13,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -21,6 +20,7 @@
 #include <string_view>
 #include <thread>
 
+#include "params.h"
 #include "serve.h"
 #include "training.h"
 
@@ -89,12 +89,8 @@ void guarded(httplib::Response& res, Fn&& fn) {
 }
 
 std::int64_t run_id(const json& v, const char* name) {
-  // 1.0 is accepted as 1, as for every other integer parameter (JavaScript has one number type).
-  const bool integral =
-      v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                                v.get<double>() == std::floor(v.get<double>()) &&
-                                std::fabs(v.get<double>()) < 9007199254740992.0);
-  if (!integral || v.get<double>() < 1) {
+  // 1.0 is accepted as 1, as for every other integer parameter.
+  if (!integral_number(v) || v.get<double>() < 1) {
     throw ParamError(name,
                      std::string(name) + " must be a positive integer run id, got " + v.dump());
   }
