@@ -257,14 +257,20 @@ HWY_INLINE hn::Vec<D> LaneMax(D d, const hn::TFromD<D>* HWY_RESTRICT x, std::siz
 /// independent chains of dependent operations are in flight: one vector's chain is ~45 cycles
 /// of latency, longer than an AVX2 core's scheduler window holds (on family 23, U = 4 computes
 /// a row 1.3x faster than one vector at a time). Every lane's result is the same for any U.
-/// float64 takes hn::Exp.
+/// float64 takes hn::Exp, on arguments clamped to [-1001, 1000] (NaN to -1001: see below).
 /// kKeepNaN: NaN arguments give NaN instead of 0, so that a NaN score reaches its row's sum (the
 /// forward's online softmax, which does not look for NaN in its row maximum).
 template <bool kNonPositive = false, bool kKeepNaN = false, std::size_t U, class D, class V>
 HWY_INLINE void ExpSoftmaxN(D d, V (&x)[U]) {
   if constexpr (sizeof(hn::TFromD<D>) != 4) {
+    // hn::Exp converts x / ln 2 to int32 before it looks at its range: on the portable target
+    // (EMU128) that conversion is C++'s, undefined for NaN, infinities and |x| past 1.4e9.
+    // Arguments below -1000 (where hn::Exp gives 0), -inf and NaN enter as -1001 instead, which
+    // gives the same 0; those above 1000 as 1000, which gives inf as before.
+    const V low = hn::Set(d, hn::TFromD<D>(-1001.0));
+    const V high = hn::Set(d, hn::TFromD<D>(1000.0));
     for (std::size_t u = 0; u < U; ++u) {
-      const V e = hn::Exp(d, x[u]);
+      const V e = hn::Exp(d, hn::IfThenElse(hn::Ge(x[u], low), hn::Min(x[u], high), low));
       x[u] = kKeepNaN ? hn::IfThenElse(hn::IsNaN(x[u]), x[u], e) : e;
     }
   } else {
