@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings.h"
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 
@@ -34,38 +35,8 @@
 #include "lab/lab.h"
 #endif
 
-namespace py = pybind11;
-
 void bind_kvcache(py::module_& m);   // kvcache_binding.cpp
 void bind_variants(py::module_& m);  // variants_binding.cpp
-void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs);
-
-// Option arguments that pybind11 passes through unconverted (any Python object), so that
-// make_options() and friends can say which argument has the wrong type; the signature in the
-// docstring still shows the type expected ("scale: Optional[float] = None").
-#define SDPA_LENIENT_ARG(Type, python_name)                                                      \
-  struct Type {                                                                                  \
-    py::object value;                                                                            \
-  };                                                                                             \
-  namespace pybind11::detail {                                                                   \
-  template <>                                                                                    \
-  struct type_caster<Type> {                                                                     \
-    PYBIND11_TYPE_CASTER(Type, const_name(python_name));                                         \
-    bool load(handle src, bool) {                                                                \
-      value.value = reinterpret_borrow<object>(src);                                             \
-      return true;                                                                               \
-    }                                                                                            \
-    static handle cast(const Type& v, return_value_policy, handle) { return v.value.inc_ref(); } \
-  };                                                                                             \
-  }
-
-SDPA_LENIENT_ARG(BoolArg, "bool")
-SDPA_LENIENT_ARG(IntArg, "int")
-SDPA_LENIENT_ARG(FloatArg, "float")
-SDPA_LENIENT_ARG(OptionalFloatArg, "Optional[float]")
-SDPA_LENIENT_ARG(StrArg, "str")
-SDPA_LENIENT_ARG(OptionalStrArg, "Optional[str]")
-#undef SDPA_LENIENT_ARG
 
 namespace {
 
@@ -381,9 +352,10 @@ py::object forward(const py::object& query, const py::object& key, const py::obj
   return translate([&]() -> py::object {
     sdpa::AttentionOptions options =
         make_options({is_causal, scale, enable_gqa, causal, impl, threads});
-    apply_variant_keywords(options, variants);
     const bool return_lse = as_bool(return_lse_obj, "return_lse");
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
+    // After the arrays: alibi_slopes and sinks are shaped by the query.
+    apply_variant_keywords(options, variants, attention_dims(in.query.ref.shape));
     const sdpa::DType d = in.query.ref.dtype;
     py::array out =
         new_array(d, sdpa::attention_output_shape(in.query.ref, in.key.ref, in.value.ref, options));
@@ -431,8 +403,8 @@ py::tuple backward(const py::object& query, const py::object& key, const py::obj
   return translate([&]() -> py::tuple {
     sdpa::AttentionOptions options =
         make_options({is_causal, scale, enable_gqa, causal, impl, threads});
-    apply_variant_keywords(options, variants);
     const AttentionInputs in = prepare_inputs(query, key, value, attn_mask);
+    apply_variant_keywords(options, variants, attention_dims(in.query.ref.shape));
     const Input out_in = prepare(out, "out", Role::floating, Layout::strided);
     const Input lse_in = prepare(lse, "lse", Role::floating, Layout::strided);
     const Input grad_in = prepare(grad_out, "grad_out", Role::floating, Layout::strided);
@@ -736,10 +708,27 @@ shape and dtype (float32 or float64).
 // sdpa::Error as the exception its kind() says, for the other binding files.
 [[noreturn]] void raise_sdpa_error(const sdpa::Error& e) { raise_error(e); }
 
-// The option checks, for the other binding files: True or False (a NumPy bool too), and a
-// thread count of 0..1024, each a TypeError or ValueError naming the argument.
+// The option checks, for the other binding files (bindings.h).
 bool bool_option(const py::handle& obj, const char* name) { return as_bool(obj, name); }
 int threads_option(const py::handle& obj) { return as_threads(obj); }
+std::int64_t int_option(const py::handle& obj, const char* name) {
+  if (!is_integer(obj)) type_error(std::string(name) + ": expected an int, got " + given(obj));
+  const py::int_ value(py::reinterpret_borrow<py::object>(obj));
+  if (value < py::int_(INT64_MIN) || value > py::int_(INT64_MAX)) {
+    raise_kind(sdpa::ErrorKind::bad_value,
+               std::string(name) + ": expected an int that fits int64, got " + text_of(value));
+  }
+  return value.cast<std::int64_t>();
+}
+std::string string_option(const py::handle& obj, const char* name) { return as_string(obj, name); }
+std::optional<double> optional_real_option(const py::handle& obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  const py::object real = py::module_::import("numbers").attr("Real");
+  if (is_bool(obj) || !py::isinstance(obj, real)) {
+    type_error(std::string(name) + ": expected None or a real number, got " + given(obj));
+  }
+  return py::float_(py::reinterpret_borrow<py::object>(obj)).cast<double>();
+}
 
 void bind_torch(py::module_& m);  // torch_bindings.cpp
 

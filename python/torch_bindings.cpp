@@ -13,14 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings.h"
 #include "sdpa/sdpa.h"
-
-namespace py = pybind11;
-
-[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);  // sdpa_python.cpp
-
-// variants_binding.cpp: window_size, softcap, alibi_slopes, sinks, dropout_p, seed.
-void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs);
 
 namespace {
 
@@ -73,7 +67,7 @@ void forward(const Described& query, const Described& key, const Described& valu
              const std::string& impl, int threads, const py::kwargs& variants) {
   try {
     sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
-    apply_variant_keywords(o, variants);
+    apply_variant_keywords(o, variants, attention_dims(std::get<2>(query)));
     const sdpa::TensorRef q = ref(query, "query"), k = ref(key, "key"), v = ref(value, "value");
     std::optional<sdpa::TensorRef> m;
     if (mask) m = ref(*mask, "attn_mask");
@@ -93,7 +87,7 @@ void backward(const Described& query, const Described& key, const Described& val
               const std::optional<Described>& dsinks, const py::kwargs& variants) {
   try {
     sdpa::AttentionOptions o = options_of(causal, scale, enable_gqa, impl, threads);
-    apply_variant_keywords(o, variants);
+    apply_variant_keywords(o, variants, attention_dims(std::get<2>(query)));
     const sdpa::TensorRef q = ref(query, "query"), k = ref(key, "key"), v = ref(value, "value");
     std::optional<sdpa::TensorRef> m;
     if (mask) m = ref(*mask, "attn_mask");

@@ -6,13 +6,16 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "bindings.h"
 #include "core/variants.h"
+#include "sdpa/array.h"
 #include "sdpa/sdpa.h"
 #include "sdpa/varlen.h"
 
@@ -59,8 +62,12 @@ double as_number(const py::handle& obj, const char* what) {
   return obj.cast<double>();
 }
 
-// A 1-d list of floats from any array-like (NumPy array, list, torch tensor on the CPU).
-std::vector<double> as_values(const py::handle& obj, const char* what) {
+// The values of an array-like of floats (NumPy array, list, torch tensor on the CPU) in C
+// order, its shape one of `shapes` (any shape when `shapes` is empty): a (Hq, B) array is
+// refused, not read as (B, Hq). `expected` names the shapes for the message.
+std::vector<double> as_values(const py::handle& obj, const char* what,
+                              const std::vector<std::vector<std::int64_t>>& shapes,
+                              const std::string& expected) {
   const py::module_ np = py::module_::import("numpy");
   py::array a;
   try {
@@ -69,16 +76,55 @@ std::vector<double> as_values(const py::handle& obj, const char* what) {
     throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
                       "expected an array of floats, got " + type_of(obj));
   }
+  const std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+  if (!shapes.empty() && std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_shape, what,
+                      "expected shape " + expected + ", got " + sdpa::shape_string(shape));
+  }
   a = np.attr("ascontiguousarray")(a.attr("reshape")(-1));
   const auto* d = static_cast<const double*>(a.data());
   return std::vector<double>(d, d + a.size());
 }
 
+// alibi_slopes: one per query head (Hq,), or per batch and head (B, Hq) (or, for a query of
+// rank 5 or more, its leading dimensions followed by Hq).
+std::vector<double> alibi_values(const py::handle& obj, const std::optional<VariantDims>& dims) {
+  if (!dims) return as_values(obj, "alibi_slopes", {}, "");
+  std::vector<std::vector<std::int64_t>> shapes = {{dims->Hq}, {dims->B, dims->Hq}};
+  std::string expected = "(Hq,) = " + sdpa::shape_string({dims->Hq}) +
+                         " or (B, Hq) = " + sdpa::shape_string({dims->B, dims->Hq});
+  if (dims->lead.size() > 1) {
+    std::vector<std::int64_t> full = dims->lead;
+    full.push_back(dims->Hq);
+    shapes.push_back(full);
+    expected += " or (..., Hq) = " + sdpa::shape_string(full);
+  }
+  return as_values(obj, "alibi_slopes", shapes, expected);
+}
+
+// sinks: one logit per query head, (Hq,).
+std::vector<double> sink_values(const py::handle& obj, const std::optional<VariantDims>& dims) {
+  if (!dims) return as_values(obj, "sinks", {}, "");
+  return as_values(obj, "sinks", {{dims->Hq}}, "(Hq,) = " + sdpa::shape_string({dims->Hq}));
+}
+
 }  // namespace
 
-/// Applies the variant keywords of `kwargs` to `o`; any other keyword raises TypeError (as a
-/// Python function given an unexpected keyword does). Throws sdpa::Error for bad values.
-void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs) {
+std::optional<VariantDims> attention_dims(const std::vector<std::int64_t>& query_shape) {
+  const std::size_t rank = query_shape.size();
+  if (rank < 2) return std::nullopt;
+  VariantDims d;
+  if (rank >= 3) d.Hq = query_shape[rank - 3];
+  d.lead.assign(query_shape.begin(),
+                query_shape.end() - static_cast<std::ptrdiff_t>(std::min<std::size_t>(rank, 3)));
+  for (const std::int64_t n : d.lead) {
+    if (__builtin_mul_overflow(d.B, n, &d.B)) return std::nullopt;  // refused by the library
+  }
+  return d;
+}
+
+void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs,
+                            const std::optional<VariantDims>& dims) {
   for (const auto& [key_obj, value] : kwargs) {
     const std::string key = text_of(key_obj);
     if (key == "window_size") {
@@ -107,9 +153,9 @@ void apply_variant_keywords(sdpa::AttentionOptions& o, const py::kwargs& kwargs)
     } else if (key == "softcap") {
       o.softcap = value.is_none() ? 0.0 : as_number(value, "softcap");
     } else if (key == "alibi_slopes") {
-      if (!value.is_none()) o.alibi_slopes = as_values(value, "alibi_slopes");
+      if (!value.is_none()) o.alibi_slopes = alibi_values(value, dims);
     } else if (key == "sinks") {
-      if (!value.is_none()) o.sinks = as_values(value, "sinks");
+      if (!value.is_none()) o.sinks = sink_values(value, dims);
     } else if (key == "dropout_p") {
       o.dropout_p = as_number(value, "dropout_p");
     } else if (key == "seed") {
@@ -185,13 +231,17 @@ sdpa::MutableTensorRef mut(py::array& a, sdpa::DType d) {
   return sdpa::MutableTensorRef{a.mutable_data(), d, shape_of(a)};
 }
 
-// The options of a varlen call. causal: FlashAttention's bool (True = bottom-right aligned) or
-// one of the names of sdpa.h; grouped-query attention is implied (Hq a multiple of Hkv).
+// The options of a varlen call but its variant keywords (which need the shapes). causal:
+// FlashAttention's bool (True = bottom-right aligned) or one of the names of sdpa.h;
+// grouped-query attention is implied (Hq a multiple of Hkv).
 sdpa::AttentionOptions varlen_options(const py::object& scale, const py::object& causal,
-                                      const py::object& impl, const py::object& threads,
-                                      const py::kwargs& kwargs) {
+                                      const py::object& impl, const py::object& threads) {
   sdpa::AttentionOptions o;
-  if (!scale.is_none()) o.scale = as_number(scale, "softmax_scale");
+  o.scale = optional_real_option(scale, "softmax_scale");
+  if (o.scale && !std::isfinite(*o.scale)) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_value, "softmax_scale",
+                      "expected a finite number, got " + text_of(scale));
+  }
   if (py::isinstance<py::bool_>(causal)) {
     o.causal = causal.cast<bool>() ? sdpa::Causal::lower_right : sdpa::Causal::none;
   } else if (py::isinstance<py::str>(causal)) {
@@ -202,20 +252,49 @@ sdpa::AttentionOptions varlen_options(const py::object& scale, const py::object&
         "expected a bool or 'none', 'upper-left', 'lower-right', got " + text_of(causal));
   }
   o.enable_gqa = true;
-  o.impl = sdpa::parse_impl(text_of(impl));
-  if (!is_int(threads)) {
-    throw sdpa::Error(sdpa::ErrorKind::bad_type, "threads",
-                      "expected an int, got " + text_of(threads));
-  }
-  const std::int64_t n = int64_of(threads, "threads", text_of(threads));
-  if (n < 0 || n > INT32_MAX) {
-    throw sdpa::Error(sdpa::ErrorKind::bad_value, "threads",
-                      "expected 0 (one per core) or 1..1024, got " + text_of(threads));
-  }
-  o.threads = static_cast<int>(n);
+  o.impl = sdpa::parse_impl(string_option(impl, "impl"));
+  o.threads = threads_option(threads);
   sdpa::resolve_threads(o.threads);
-  apply_variant_keywords(o, kwargs);
   return o;
+}
+
+// The arrays and options of a varlen call. The options first, so that a wrong one is refused
+// before any array is converted; the variant keywords last, as their shapes follow from query
+// and cu_seqlens_q.
+struct VarlenCall {
+  std::int64_t max_q = 0, max_k = 0;
+  sdpa::AttentionOptions options;
+  Floating q, k, v;
+  std::vector<std::int64_t> cu_q, cu_k;
+};
+
+VarlenCall varlen_call(const py::object& q, const py::object& k, const py::object& v,
+                       const py::object& cu_q, const py::object& cu_k, const py::object& max_q,
+                       const py::object& max_k, const py::object& scale, const py::object& causal,
+                       const py::object& impl, const py::object& threads,
+                       const py::kwargs& kwargs) {
+  VarlenCall c;
+  c.max_q = int_option(max_q, "max_seqlen_q");
+  c.max_k = int_option(max_k, "max_seqlen_k");
+  c.options = varlen_options(scale, causal, impl, threads);
+  c.q = floating(q, "query");
+  c.k = floating(k, "key");
+  c.v = floating(v, "value");
+  const sdpa::DType d = c.q.ref.dtype;
+  if (c.k.ref.dtype != d || c.v.ref.dtype != d) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_type, "key/value",
+                      std::string("expected the query's dtype ") + sdpa::dtype_name(d) +
+                          ", got key " + sdpa::dtype_name(c.k.ref.dtype) + " and value " +
+                          sdpa::dtype_name(c.v.ref.dtype));
+  }
+  c.cu_q = offsets(cu_q, "cu_seqlens_q");
+  c.cu_k = offsets(cu_k, "cu_seqlens_k");
+  std::optional<VariantDims> dims;
+  if (c.q.ref.shape.size() == 3 && !c.cu_q.empty()) {
+    dims = VariantDims{static_cast<std::int64_t>(c.cu_q.size()) - 1, c.q.ref.shape[1], {}};
+  }
+  apply_variant_keywords(c.options, kwargs, dims);
+  return c;
 }
 
 template <class F>
@@ -223,34 +302,31 @@ auto translated(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const sdpa::Error& e) {
-    if (e.kind() == sdpa::ErrorKind::bad_type) throw py::type_error(e.what());
-    if (e.kind() == sdpa::ErrorKind::resources) throw std::bad_alloc();
-    throw py::value_error(e.what());
+    raise_sdpa_error(e);
   }
 }
 
 py::object varlen_forward(const py::object& q, const py::object& k, const py::object& v,
-                          const py::object& cu_q, const py::object& cu_k, std::int64_t max_q,
-                          std::int64_t max_k, const py::object& scale, const py::object& causal,
-                          bool return_lse, const py::object& impl, const py::object& threads,
-                          const py::kwargs& kwargs) {
+                          const py::object& cu_q, const py::object& cu_k, const IntArg& max_q,
+                          const IntArg& max_k, const OptionalFloatArg& scale,
+                          const py::object& causal, const BoolArg& return_lse_arg,
+                          const StrArg& impl, const IntArg& threads, const py::kwargs& kwargs) {
   return translated([&]() -> py::object {
-    const sdpa::AttentionOptions o = varlen_options(scale, causal, impl, threads, kwargs);
-    const Floating fq = floating(q, "query"), fk = floating(k, "key"), fv = floating(v, "value");
-    const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q"),
-                                    ok = offsets(cu_k, "cu_seqlens_k");
-    const sdpa::DType d = fq.ref.dtype;
-    if (fq.ref.shape.size() != 3 || fv.ref.shape.size() != 3) {
-      throw sdpa::Error(sdpa::ErrorKind::bad_shape, fq.ref.shape.size() != 3 ? "query" : "value",
+    const VarlenCall c = varlen_call(q, k, v, cu_q, cu_k, max_q.value, max_k.value, scale.value,
+                                     causal, impl.value, threads.value, kwargs);
+    const bool return_lse = bool_option(return_lse_arg.value, "return_lse");
+    const sdpa::DType d = c.q.ref.dtype;
+    if (c.q.ref.shape.size() != 3 || c.v.ref.shape.size() != 3) {
+      throw sdpa::Error(sdpa::ErrorKind::bad_shape, c.q.ref.shape.size() != 3 ? "query" : "value",
                         "expected a packed (total, heads, dim) array of rank 3");
     }
-    py::array out = new_array(d, {fq.ref.shape[0], fq.ref.shape[1], fv.ref.shape[2]});
-    py::array lse = new_array(d, {fq.ref.shape[1], fq.ref.shape[0]});
+    py::array out = new_array(d, {c.q.ref.shape[0], c.q.ref.shape[1], c.v.ref.shape[2]});
+    py::array lse = new_array(d, {c.q.ref.shape[1], c.q.ref.shape[0]});
     const sdpa::MutableTensorRef out_ref = mut(out, d), lse_ref = mut(lse, d);
     {
       py::gil_scoped_release release;
-      sdpa::attention_varlen_forward(fq.ref, fk.ref, fv.ref, oq, ok, max_q, max_k, o, out_ref,
-                                     &lse_ref);
+      sdpa::attention_varlen_forward(c.q.ref, c.k.ref, c.v.ref, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                     c.options, out_ref, &lse_ref);
     }
     if (return_lse) return py::make_tuple(out, lse);
     return out;
@@ -258,29 +334,28 @@ py::object varlen_forward(const py::object& q, const py::object& k, const py::ob
 }
 
 py::tuple varlen_backward(const py::object& q, const py::object& k, const py::object& v,
-                          const py::object& cu_q, const py::object& cu_k, std::int64_t max_q,
-                          std::int64_t max_k, const py::object& out, const py::object& lse,
-                          const py::object& grad_out, const py::object& scale,
-                          const py::object& causal, const py::object& impl,
-                          const py::object& threads, const py::kwargs& kwargs) {
+                          const py::object& cu_q, const py::object& cu_k, const IntArg& max_q,
+                          const IntArg& max_k, const py::object& out, const py::object& lse,
+                          const py::object& grad_out, const OptionalFloatArg& scale,
+                          const py::object& causal, const StrArg& impl, const IntArg& threads,
+                          const py::kwargs& kwargs) {
   return translated([&]() -> py::tuple {
-    const sdpa::AttentionOptions o = varlen_options(scale, causal, impl, threads, kwargs);
-    const Floating fq = floating(q, "query"), fk = floating(k, "key"), fv = floating(v, "value");
+    const VarlenCall c = varlen_call(q, k, v, cu_q, cu_k, max_q.value, max_k.value, scale.value,
+                                     causal, impl.value, threads.value, kwargs);
     const Floating fo = floating(out, "out"), fl = floating(lse, "lse"),
                    fg = floating(grad_out, "grad_out");
-    const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q"),
-                                    ok = offsets(cu_k, "cu_seqlens_k");
-    const sdpa::DType d = fq.ref.dtype;
-    py::array dq = new_array(d, fq.ref.shape), dk = new_array(d, fk.ref.shape),
-              dv = new_array(d, fv.ref.shape);
-    const bool sinks = !o.sinks.empty();
-    py::array ds = new_array(d, {static_cast<std::int64_t>(o.sinks.size())});
+    const sdpa::DType d = c.q.ref.dtype;
+    py::array dq = new_array(d, c.q.ref.shape), dk = new_array(d, c.k.ref.shape),
+              dv = new_array(d, c.v.ref.shape);
+    const bool sinks = !c.options.sinks.empty();
+    py::array ds = new_array(d, {static_cast<std::int64_t>(c.options.sinks.size())});
     const sdpa::MutableTensorRef dq_ref = mut(dq, d), dk_ref = mut(dk, d), dv_ref = mut(dv, d),
                                  ds_ref = mut(ds, d);
     {
       py::gil_scoped_release release;
-      sdpa::attention_varlen_backward(fq.ref, fk.ref, fv.ref, oq, ok, max_q, max_k, fo.ref, fl.ref,
-                                      fg.ref, o, dq_ref, dk_ref, dv_ref, sinks ? &ds_ref : nullptr);
+      sdpa::attention_varlen_backward(c.q.ref, c.k.ref, c.v.ref, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                      fo.ref, fl.ref, fg.ref, c.options, dq_ref, dk_ref, dv_ref,
+                                      sinks ? &ds_ref : nullptr);
     }
     if (sinks) return py::make_tuple(dq, dk, dv, ds);
     return py::make_tuple(dq, dk, dv);

@@ -96,3 +96,61 @@ def test_lab_arguments():
     with pytest.raises(TypeError) as e:
         sdpa.lab.run("softmax", quick="yes")
     assert "quick: expected True or False" in message_of(e)
+
+
+# ---- attention_varlen: options checked by name, like the other functions --------------------
+
+VQ = np.random.default_rng(0).standard_normal((11, 2, 8)).astype(np.float32)
+VCU = [0, 5, 11]
+
+
+def varlen_calls(args, kwargs):
+    """attention_varlen and attention_varlen_backward with the same arguments."""
+    out, lse = sdpa.attention_varlen(VQ, VQ, VQ, VCU, VCU, 6, 6, return_lse=True)
+    yield lambda: sdpa.attention_varlen(*args, **kwargs)
+    yield lambda: sdpa.attention_varlen_backward(*args, out, lse, np.ones_like(out), **kwargs)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({"max_seqlen_q": 400.0}, TypeError, "max_seqlen_q: expected an int, got 400.0 (float)"),
+    ({"max_seqlen_k": "6"}, TypeError, "max_seqlen_k: expected an int, got '6' (str)"),
+    ({"max_seqlen_q": True}, TypeError, "max_seqlen_q: expected an int, got True (bool)"),
+    ({"impl": 3}, TypeError, "impl: expected a str, got 3 (int)"),
+    ({"softmax_scale": float("nan")}, ValueError, "softmax_scale: expected a finite number, got nan"),
+    ({"softmax_scale": "1"}, TypeError,
+     "softmax_scale: expected None or a real number, got '1' (str)"),
+    ({"threads": 1.5}, TypeError, "threads: expected an int, 0 (one per core) or 1..1024, got 1.5 (float)"),
+    ({"return_lse": 1}, TypeError, "return_lse: expected True or False, got 1 (int)"),
+    ({"key": VQ.astype(np.float64)}, TypeError,
+     "key/value: expected the query's dtype float32, got key float64 and value float32"),
+    ({"value": VQ.astype(np.float64)}, TypeError,
+     "key/value: expected the query's dtype float32, got key float32 and value float64"),
+])
+def test_varlen_options_name_the_argument(change, error, message):
+    positional = dict(query=VQ, key=VQ, value=VQ, cu_seqlens_q=VCU, cu_seqlens_k=VCU,
+                      max_seqlen_q=6, max_seqlen_k=6)
+    keywords = {}
+    for name, value in change.items():
+        (positional if name in positional else keywords)[name] = value
+    for n, call in enumerate(varlen_calls(list(positional.values()), keywords)):
+        if n == 1 and "return_lse" in keywords:
+            continue  # the backward has no return_lse
+        with pytest.raises(error) as e:
+            call()
+        assert message_of(e) == message
+
+
+def test_varlen_good_options_of_other_types():
+    a = sdpa.attention_varlen(VQ, VQ, VQ, VCU, VCU, 6, 6, softmax_scale=0.5, threads=1)
+    b = sdpa.attention_varlen(VQ, VQ, VQ, np.array(VCU, np.int32), VCU, np.int64(6), np.uint8(6),
+                              softmax_scale=np.float32(0.5), threads=np.int64(1))
+    assert np.array_equal(a, b)
+
+
+def test_varlen_resources_error_keeps_its_message():
+    # A resources error is a MemoryError that says what did not fit, not a bare one.
+    n = 1 << 20
+    q = np.zeros((n, 1, 1), np.float32)
+    with pytest.raises(MemoryError) as e:
+        sdpa.attention_varlen(q, q, q, [0, n], [0, n], n, n, impl="naive")
+    assert message_of(e).startswith("impl naive: its L x S scratch (L = 1048576, S = 1048576")
