@@ -38,6 +38,24 @@ def _kv_dtype_ok(q, kv):
     return kv == q or (kv in _HALF and q in (torch.float32, torch.bfloat16))
 
 
+def _resolved(t):
+    """t with torch's lazy negation and conjugation applied: a view whose negative bit is set
+    (x.conj().imag, torch._neg_view(x)) holds the values un-negated in memory, and the C++ API
+    reads memory. t itself when neither bit is set; differentiable."""
+    return t.resolve_conj().resolve_neg()
+
+
+def _float_values(obj, what):
+    """alibi_slopes or sinks (a tensor or an array-like of floats) as a float64 NumPy array of
+    its own, its shape kept: the bindings check the shape against the query's."""
+    if isinstance(obj, torch.Tensor):
+        return _resolved(obj.detach()).to(device="cpu", dtype=torch.float64).numpy().copy()
+    try:
+        return np.array(obj, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: expected an array of floats, got {type(obj).__name__}") from None
+
+
 def _describe(t):
     """(data pointer, dtype, shape, strides) for the C++ API; the caller keeps t alive."""
     return (t.data_ptr(), _NAMES[t.dtype], list(t.shape), list(t.stride()))
@@ -161,36 +179,41 @@ def _sum_to(grad, shape):
     return grad.reshape(shape)
 
 
-def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
+def _mask_grad(q, k, v, mask, out, g, causal, scale, group, variants):
     """d loss / d attn_mask for an additive mask: dS = P * (dP - rowsum(dO * O)), summed over the
     dimensions the mask was broadcast along (what PyTorch's autograd gives). Formed with torch
     operations, L x S per head: only computed when the mask itself requires a gradient. The
     mask is added after the softcap and ALiBi, so the softcap's derivative does not enter; the
-    window removes keys like the causal rule; lse includes the sinks; with dropout,
-    dP = z * (dO V^T) with the library's own dropout factors z.
-    Computed in float64 for float64 inputs, else in float32 (the dtype of lse for 16-bit
-    inputs): torch has no CPU matmul for float16, a float32 query may read a 16-bit key and
-    value, and exp(s - lse) with scores and lse rounded to bfloat16 would err by |lse| * 2^-9.
-    Only the result is rounded to the mask's dtype."""
+    window removes keys like the causal rule; the sinks join each row's denominator; with
+    dropout, dP = z * (dO V^T) with the library's own dropout factors z.
+    P is the softmax of the scores formed here, normalised by the row's own maximum, not
+    exp(s - lse) with the library's lse: where a row's scores are all one huge constant (a mask
+    of finfo.min), lse = s + log(S) rounds to s, and exp(s - lse) would give 1, not 1 / S.
+    Computed in float64 for float64 inputs, else in float32: torch has no CPU matmul for
+    float16, a float32 query may read a 16-bit key and value, and scores rounded to bfloat16
+    would err by |s| * 2^-9. Only the result is rounded to the mask's dtype."""
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k, v, out, g, lse = (t.to(dtype) for t in (q, k, v, out, g, lse))
+    q, k, v, out, g = (t.to(dtype) for t in (q, k, v, out, g))
     if group > 1:
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
     L, S = q.shape[-2], k.shape[-2]
     H = q.shape[-3] if q.dim() >= 3 else 1
+    if S == 0:  # no key: out is zeros whatever the mask
+        return torch.zeros(mask.shape, dtype=mask.dtype)
+    heads = q.shape[-3:-2]  # (Hq,), or () for a rank-2 query
     d = S - L
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
-    cap = variants.get("softcap", 0.0)
+    cap = float(variants.get("softcap") or 0.0)
     if cap:
         s = cap * torch.tanh(s / cap)
     i = torch.arange(L)[:, None]
     j = torch.arange(S)[None, :]
     slopes = variants.get("alibi_slopes")
     if slopes is not None:
+        # Shaped (Hq,), (B, Hq) or (..., Hq), as the bindings checked.
         sl = torch.as_tensor(slopes, dtype=s.dtype)
-        lead = q.shape[:-3]
-        sl = sl.reshape(lead + q.shape[-3:-2]) if sl.dim() == 2 else sl.reshape(q.shape[-3:-2])
+        sl = sl.reshape(heads) if sl.numel() == H else sl.reshape(q.shape[:-3] + heads)
         s = s - sl[..., None, None] * (i + d - j).abs().to(s.dtype)
     s = s + mask.to(dtype)
     allowed = torch.ones(L, S, dtype=torch.bool)
@@ -198,14 +221,24 @@ def _mask_grad(q, k, v, mask, out, lse, g, causal, scale, group, variants):
         allowed &= j <= i
     elif causal == "lower-right":
         allowed &= j <= i + d
-    left, right = variants.get("window_size", (-1, -1))
+    left, right = (int(x) for x in variants.get("window_size", (-1, -1)))
     if left >= 0:
         allowed &= j >= i + d - left
     if right >= 0:
         allowed &= j <= i + d + right
     s = s.masked_fill(~allowed, -math.inf)
-    lse = lse.unsqueeze(-1)
-    p = torch.exp(s - lse).masked_fill(torch.isneginf(lse), 0.0)  # rows that see no key: 0
+    sink = variants.get("sinks")
+    m = s.amax(-1, keepdim=True)
+    if sink is not None:
+        sink = torch.as_tensor(sink, dtype=dtype).reshape(heads + (1, 1))
+        m = torch.maximum(m, sink)
+    seen = m > -math.inf  # False for a row that sees no key (and has no sink): P = 0
+    m = m.masked_fill(~seen, 0.0)
+    e = torch.exp(s - m)
+    den = e.sum(-1, keepdim=True)
+    if sink is not None:
+        den = den + torch.exp(sink - m)
+    p = (e / den).masked_fill(~seen, 0.0)
     dp = torch.matmul(g, v.transpose(-2, -1))
     if variants.get("dropout_p", 0.0):
         B = int(math.prod(q.shape[:-3]))
@@ -253,7 +286,7 @@ class _Attention(torch.autograd.Function):
             return (zero(query, need[0]), zero(key, need[1]), zero(value, need[2]),
                     zero(attn_mask, need[3]), None, None, None, None, None,
                     zero(sinks, sinks is not None and need[9]), None)
-        g = _last_contiguous(grad_out)
+        g = _last_contiguous(_resolved(grad_out))
         if g.dtype != query.dtype:
             g = g.to(query.dtype)
         dq = _empty_like_layout(query, query.shape, query.dtype)
@@ -273,7 +306,7 @@ class _Attention(torch.autograd.Function):
             E = query.shape[-1]
             s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
             group = query.shape[-3] // key.shape[-3] if query.dim() >= 3 and key.shape[-3] else 1
-            dmask = _mask_grad(query, key, value, attn_mask, out, lse, g, causal, s, group, kw)
+            dmask = _mask_grad(query, key, value, attn_mask, out, g, causal, s, group, kw)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)
         return dq, dk, dv, dmask, None, None, None, None, None, dsinks, None
@@ -303,8 +336,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Keywords beyond PyTorch's: causal ('upper-left' or 'lower-right', FlashAttention's
     tril(ones(L, S), S - L)), impl ('fast', 'reference', 'naive'), threads (0 = one per core),
     and FlashAttention's variants (docs/variants.md): window_size=(left, right) (-1 = unbounded),
-    softcap, alibi_slopes ((Hq,) or (B, Hq)), sinks ((Hq,) tensor: one logit per head in the
-    softmax's denominator, with a gradient when it requires one).
+    softcap, alibi_slopes ((Hq,) or (B, Hq), B the leading dimensions flattened, or (..., Hq)
+    with them), sinks ((Hq,) tensor: one logit per head in the softmax's denominator, with a
+    gradient when it requires one, which needs float32 or float64 query, key and value).
+    Tensors whose negative or conjugate bit is set are resolved (copied) first.
 
     Returns out (..., Hq, L, Ev). Rows that see no key are zeros (PyTorch gives NaN there) and
     get zero gradients.
@@ -327,22 +362,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         f"value, got key {_NAMES[key.dtype]} and value {_NAMES[value.dtype]} "
                         "(only a float32 or bfloat16 query may read key and value of one other "
                         "dtype, float16 or bfloat16)")
+    # The variant keywords go to the bindings as given (window_size, softcap, seed) or as float64
+    # arrays of their shape (alibi_slopes, sinks), which check them by name as the NumPy
+    # functions do: seed even without dropout.
+    variants = _variant_keywords(window_size, softcap, alibi_slopes, dropout_p, seed)
+    if sinks is not None:
+        if isinstance(sinks, torch.Tensor):
+            sinks = _resolved(sinks)
+        else:
+            sinks = torch.from_numpy(_float_values(sinks, "sinks"))
+        if (sinks.requires_grad and torch.is_grad_enabled()
+                and any(t.dtype in _HALF for t in (query, key, value))):
+            # The backward could not give the sinks' gradient (see attention_backward): refused
+            # here, at the call that asks for it.
+            raise TypeError("grad_sinks: expected float32 or float64 inputs, got a "
+                            "half-precision query, key or value")
+    q, k, v = (_last_contiguous(_resolved(t)) for t in (query, key, value))
+    m = None if attn_mask is None else _last_contiguous(_resolved(attn_mask))
+    return _Attention.apply(q, k, v, m, name, scale, enable_gqa, impl, threads, sinks, variants)
+
+
+def _variant_keywords(window_size, softcap, alibi_slopes, dropout_p, seed):
+    """The variant keywords for the bindings; a seed is drawn from torch's generator for
+    dropout without one."""
     variants = {}
     if window_size is not None:
-        variants["window_size"] = tuple(window_size)
-    if softcap:
+        variants["window_size"] = window_size
+    if softcap is not None:
         variants["softcap"] = softcap
     if alibi_slopes is not None:
-        a = alibi_slopes.detach() if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
-        variants["alibi_slopes"] = torch.as_tensor(a, dtype=torch.float64).numpy()
+        variants["alibi_slopes"] = _float_values(alibi_slopes, "alibi_slopes")
+    if seed is not None:
+        variants["seed"] = seed
     if dropout_p != 0.0:
         variants["dropout_p"] = dropout_p
-        variants["seed"] = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
-    if sinks is not None and not isinstance(sinks, torch.Tensor):
-        sinks = torch.as_tensor(sinks, dtype=torch.float64)
-    q, k, v = (_last_contiguous(t) for t in (query, key, value))
-    m = None if attn_mask is None else _last_contiguous(attn_mask)
-    return _Attention.apply(q, k, v, m, name, scale, enable_gqa, impl, threads, sinks, variants)
+        if seed is None:
+            variants["seed"] = int(torch.randint(0, 2**62, (1,)).item())
+    return variants
 
 
 # ---- variable-length batches ------------------------------------------------------------------
@@ -353,7 +409,7 @@ class _Varlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, cu_q, cu_k, max_q, max_k, sinks, kw):
-        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
+        arrays = [_resolved(t.detach()).contiguous().numpy() for t in (query, key, value)]
         opts = dict(kw)
         if sinks is not None:
             opts["sinks"] = sinks.detach().to(torch.float64).numpy()
@@ -369,8 +425,8 @@ class _Varlen(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, out, lse, sinks = ctx.saved_tensors
         cu_q, cu_k, max_q, max_k, opts = ctx.args
-        arrays = [t.detach().contiguous().numpy() for t in (query, key, value)]
-        g = grad_out.detach().to(query.dtype).contiguous().numpy()
+        arrays = [_resolved(t.detach()).contiguous().numpy() for t in (query, key, value)]
+        g = _resolved(grad_out.detach()).to(query.dtype).contiguous().numpy()
         grads = _sdpa.attention_varlen_backward(*arrays, cu_q, cu_k, max_q, max_k, out.numpy(),
                                                 lse.numpy(), g, **opts)
         dq, dk, dv = (torch.from_numpy(a) for a in grads[:3])
@@ -395,22 +451,24 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise TypeError(f"key/value: expected the query's dtype {_NAMES[query.dtype]}, got key "
                         f"{_NAMES[key.dtype]} and value {_NAMES[value.dtype]}")
-    offsets = lambda c: [int(x) for x in (c.tolist() if isinstance(c, torch.Tensor) else c)]
+    def offsets(c):
+        # The offsets as given (a copy), for the bindings to check: float offsets are refused
+        # there, not truncated.
+        if isinstance(c, torch.Tensor):
+            return _resolved(c.detach()).cpu().numpy().copy()
+        return np.array(c)
+
     kw = dict(causal=causal, impl=impl, threads=_as_threads(threads))
     if softmax_scale is not None:
         kw["softmax_scale"] = _as_real(softmax_scale, "softmax_scale")
-    if window_size is not None:
-        kw["window_size"] = tuple(window_size)
-    if softcap:
-        kw["softcap"] = softcap
-    if alibi_slopes is not None:
-        a = alibi_slopes.detach() if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
-        kw["alibi_slopes"] = torch.as_tensor(a, dtype=torch.float64).numpy()
-    if dropout_p != 0.0:
-        kw["dropout_p"] = dropout_p
-        kw["seed"] = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
-    if sinks is not None and not isinstance(sinks, torch.Tensor):
-        sinks = torch.as_tensor(sinks, dtype=torch.float64)
+    kw.update(_variant_keywords(window_size, softcap, alibi_slopes, _as_real(dropout_p, "dropout_p"),
+                                seed))
+    if sinks is not None:
+        if isinstance(sinks, torch.Tensor):
+            sinks = _resolved(sinks)
+        else:
+            sinks = torch.from_numpy(_float_values(sinks, "sinks"))
+    query, key, value = (_resolved(t) for t in (query, key, value))
     return _Varlen.apply(query, key, value, offsets(cu_seqlens_q), offsets(cu_seqlens_k),
                          _as_int(max_seqlen_q, "max_seqlen_q"),
                          _as_int(max_seqlen_k, "max_seqlen_k"), sinks, kw)
