@@ -627,11 +627,15 @@ NumPy arrays in, NumPy arrays out. Shapes (any number of leading batch dimension
     query (..., Hq, L, E)   key (..., Hkv, S, E)   value (..., Hkv, S, Ev)
     out   (..., Hq, L, Ev)  lse (..., Hq, L)       attn_mask broadcastable to (..., Hq, L, S)
 
-query, key and value are float32 or float64 (all the same); the results have that dtype. Any
-other dtype raises TypeError (nothing is converted silently); C-contiguous inputs are used in
-place, others are copied first. Bad shapes or options raise ValueError naming the argument. The
-GIL is released while the computation runs. A row whose every key is masked gives zeros (and
-lse = -inf), where PyTorch 1.13 gives NaN.
+query is float32, float64, float16, or uint16 arrays holding bfloat16 bit patterns (NumPy has
+no bfloat16; sdpa.to_bfloat16 / sdpa.from_bfloat16 convert). key and value have the query's
+dtype, or, under a float32 or bfloat16 query, one 16-bit dtype (float16 or bfloat16). out has
+the query's dtype; lse too, but float32 for a 16-bit query; each gradient its input's dtype.
+Any other dtype or mix raises TypeError (nothing is converted silently). Arrays whose last
+dimension is contiguous are read in place through their strides, others are copied first. Bad
+shapes or options raise ValueError naming the argument. The GIL is released while the
+computation runs. A row whose every key is masked gives zeros (and lse = -inf), where PyTorch
+1.13 gives NaN.
 
 Functions: scaled_dot_product_attention, attention_forward, attention_backward, softmax,
 log_softmax, softmax_backward; the lab's experiments in sdpa.lab (when built with the lab).
@@ -642,12 +646,13 @@ constexpr const char* kSdpaDoc =
     R"doc(softmax(query @ key^T * scale + attn_mask) @ value, like PyTorch's function of this name.
 
 Arguments:
-  query: (..., Hq, L, E), float32 or float64.
-  key: (..., Hkv, S, E), the query's dtype.
-  value: (..., Hkv, S, Ev), the query's dtype.
+  query: (..., Hq, L, E): float32, float64, float16, or uint16 (bfloat16 bit patterns).
+  key: (..., Hkv, S, E), the query's dtype; under a float32 or bfloat16 query also float16 or
+    bfloat16 (key and value the same).
+  value: (..., Hkv, S, Ev), key's dtype.
   attn_mask: None, or an array broadcastable to (..., Hq, L, S): bool (True = the key takes
-    part) or float32/float64 (added to the scaled scores; -inf allowed). Broadcast views are
-    not expanded.
+    part) or float32/float64/float16/uint16-as-bfloat16 (added to the scaled scores; -inf
+    allowed), whatever the query's dtype. Broadcast views are not expanded.
   dropout_p: dropout on the attention weights, in [0, 1), with the keyword seed.
   is_causal: True is causal='upper-left' (PyTorch's tril(ones(L, S))).
   scale: the score scale; None means 1/sqrt(E). Must be finite.
@@ -658,7 +663,8 @@ Arguments:
   impl (keyword): 'fast' (the fused kernel), 'reference' (float64 accumulation) or 'naive'.
   threads (keyword): 0 = one per core, else 1..1024.
   Variants (keywords, FlashAttention's semantics, docs/variants.md): window_size=(left, right),
-    softcap, alibi_slopes ((Hq,) or (B, Hq)), sinks ((Hq,)), seed (of the dropout mask).
+    softcap, alibi_slopes ((Hq,) or (B, Hq), B the leading dimensions flattened), sinks ((Hq,)),
+    seed (of the dropout mask).
 
 Returns out, (..., Hq, L, Ev), the query's dtype. Rows that see no key are zeros.
 Raises TypeError for dtypes, ValueError for shapes and options.
@@ -667,21 +673,25 @@ Raises TypeError for dtypes, ValueError for shapes and options.
 constexpr const char* kForwardDoc =
     R"doc(The forward pass: (out, lse) when return_lse (the default), else out.
 
-Same arguments as scaled_dot_product_attention (dropout_p as a keyword). lse has shape (..., Hq, L)
-and the query's dtype: lse = log(sum_s exp(score[l, s])), the natural log-sum-exp of each row of
-scaled, masked scores; -inf for a row whose every key is masked. Pass out and lse on to
+Same arguments as scaled_dot_product_attention (dropout_p as a keyword). out has the query's
+dtype. lse has shape (..., Hq, L) and the query's dtype, but float32 for a float16 or bfloat16
+query: lse = log(sum_s exp(score[l, s])), the natural log-sum-exp of each row of scaled, masked
+scores (the sinks included); -inf for a row whose every key is masked. Pass out and lse on to
 attention_backward.
 )doc";
 
 constexpr const char* kBackwardDoc =
     R"doc(The backward pass: (dq, dk, dv), the gradients of sum(out * grad_out) with respect to query, key
-and value, shaped like them, in the query's dtype.
+and value, shaped like them: dq in the query's dtype, dk and dv in the key's and value's (float16
+or bfloat16 for a 16-bit key and value under a float32 query).
 
-out and lse are attention_forward's results for the same inputs and options; grad_out has out's
-shape. The options (attn_mask, is_causal, scale, enable_gqa, causal) must be the forward's.
-Computes dS = P * (dP - rowsum(grad_out * out)); the softmax Jacobian is never formed. Rows whose
-every key is masked contribute zero gradients. With the keyword sinks, returns (dq, dk, dv,
-dsinks). The variant keywords (and dropout_p, seed) must be the forward's.
+out and lse are attention_forward's results for the same inputs and options (lse float32 for a
+16-bit query); grad_out has out's shape and dtype. The options (attn_mask, is_causal, scale,
+enable_gqa, causal) must be the forward's. Computes dS = P * (dP - rowsum(grad_out * out)); the
+softmax Jacobian is never formed. Rows whose every key is masked contribute zero gradients. With
+the keyword sinks, returns (dq, dk, dv, dsinks), dsinks in the query's dtype; the sinks'
+gradient needs float32 or float64 query, key and value (TypeError otherwise). The variant
+keywords (and dropout_p, seed) must be the forward's.
 )doc";
 
 constexpr const char* kSoftmaxDoc =

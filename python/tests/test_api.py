@@ -50,6 +50,52 @@ def test_docstrings():
             in sdpa.scaled_dot_product_attention.__doc__)
 
 
+# What the docstrings say about dtypes, each statement with the call that shows it: (query,
+# key/value, mask) dtypes -> (out, lse, dq, dk, dv) dtypes. uint16 is bfloat16's bits.
+DTYPE_RULES = [
+    ("float32", "float32", "float32", ("float32", "float32", "float32", "float32", "float32")),
+    ("float64", "float64", "float64", ("float64", "float64", "float64", "float64", "float64")),
+    ("float16", "float16", "float16", ("float16", "float32", "float16", "float16", "float16")),
+    ("uint16", "uint16", "uint16", ("uint16", "float32", "uint16", "uint16", "uint16")),
+    ("float32", "float16", "bool", ("float32", "float32", "float32", "float16", "float16")),
+    ("float32", "uint16", "float16", ("float32", "float32", "float32", "uint16", "uint16")),
+    ("uint16", "float16", "float64", ("uint16", "float32", "uint16", "float16", "float16")),
+]
+
+
+@pytest.mark.parametrize("q_dtype, kv_dtype, mask_dtype, results", DTYPE_RULES)
+def test_documented_dtypes(q_dtype, kv_dtype, mask_dtype, results):
+    rng = np.random.default_rng(1)
+
+    def array(shape, dtype):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return sdpa.to_bfloat16(x) if dtype == "uint16" else x.astype(dtype)
+
+    q, k, v = array((1, 2, 3, 4), q_dtype), array((1, 2, 5, 4), kv_dtype), \
+        array((1, 2, 5, 4), kv_dtype)
+    mask = np.ones((3, 5), bool) if mask_dtype == "bool" else array((3, 5), mask_dtype)
+    out, lse = sdpa.attention_forward(q, k, v, mask)
+    got = (out, lse) + tuple(sdpa.attention_backward(q, k, v, out, lse, out, mask))
+    assert tuple(str(a.dtype) for a in got) == results
+    assert sdpa.scaled_dot_product_attention(q, k, v, mask).dtype == out.dtype
+
+
+def test_docstrings_describe_the_16bit_dtypes():
+    # The statements test_documented_dtypes checks, in the docstrings that make them.
+    module = " ".join(sdpa.__doc__.split())
+    assert "float32 or float64 (all the same)" not in module
+    assert "float16, or uint16 arrays holding bfloat16 bit patterns" in module
+    assert "lse too, but float32 for a 16-bit query" in module
+    sdpa_doc = " ".join(sdpa.scaled_dot_product_attention.__doc__.split())
+    assert "query: (..., Hq, L, E): float32, float64, float16, or uint16" in sdpa_doc
+    assert "under a float32 or bfloat16 query also float16 or bfloat16" in sdpa_doc
+    forward = " ".join(sdpa.attention_forward.__doc__.split())
+    assert "but float32 for a float16 or bfloat16 query" in forward
+    backward = " ".join(sdpa.attention_backward.__doc__.split())
+    assert "dk and dv in the key's and value's" in backward
+    assert "in the query's dtype." not in backward.split("out and lse")[0]
+
+
 def test_positional_torch_order():
     q, k, v = qkv(np.float64)
     mask = np.tril(np.ones((5, 7), dtype=bool))
