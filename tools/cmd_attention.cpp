@@ -76,9 +76,10 @@ std::pair<std::int64_t, std::int64_t> parse_window(const std::string& text) {
 AttentionOptions make_options(const AttentionArgs& a) {
   AttentionOptions options;
   options.scale = a.scale;
-  options.causal = parse_causal(a.causal);
+  const std::map<std::string, std::string> flags = {{"causal", "--causal"}, {"impl", "--impl"}};
+  options.causal = naming_flags(flags, [&] { return parse_causal(a.causal); });
   options.enable_gqa = a.enable_gqa;
-  options.impl = parse_impl(a.impl);
+  options.impl = naming_flags(flags, [&] { return parse_impl(a.impl); });
   options.threads = a.threads;
   resolve_threads(options.threads);
   if (!a.window.empty()) {
@@ -182,6 +183,9 @@ void run(const AttentionArgs& a) {
   }
   // The API's parameters, as this command spells them.
   const std::map<std::string, std::string> flags = {
+      {"causal", "--causal"},
+      {"impl", "--impl"},
+      {"scale", "--scale"},
       {"window_left", "--window"},
       {"window_right", "--window"},
       {"softcap", "--softcap"},
@@ -241,7 +245,10 @@ void add_attention_command(CLI::App& app) {
       "Compute softmax(Q K^T * scale + mask) V from .npy files.\n"
       "Shapes: query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -> out "
       "(..., Hq, L, Ev).\nOutputs have the query's dtype and are written atomically.");
-  cmd->add_option("--query", args->query, "query .npy, (..., Hq, L, E), float32 or float64")
+  cmd->add_option("--query", args->query,
+                  "query .npy, (..., Hq, L, E): float32, float64, float16 ('<f2') or bfloat16 "
+                  "(its bits as '<u2'); key and value have its dtype, or a float32 or bfloat16 "
+                  "query reads float16 or bfloat16 key and value")
       ->required();
   cmd->add_option("--key", args->key, "key .npy, (..., Hkv, S, E)")->required();
   cmd->add_option("--value", args->value, "value .npy, (..., Hkv, S, Ev)")->required();
@@ -253,7 +260,8 @@ void add_attention_command(CLI::App& app) {
                   "causal mask: none, upper-left (PyTorch is_causal) or lower-right "
                   "(FlashAttention)")
       ->capture_default_str();
-  cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(E)); must be finite");
+  cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(E)); must be finite")
+      ->check(finite_number_validator());
   cmd->add_flag("--enable-gqa", args->enable_gqa,
                 "grouped-query attention: Hq a multiple of Hkv, query head h uses kv head "
                 "h / (Hq/Hkv)");

@@ -1,12 +1,15 @@
 // sdpa softmax: the stable softmax of a list of logits, e.g. the article's [1000, 10, 5].
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "options.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -19,7 +22,17 @@ struct SoftmaxArgs {
   bool json = false;
 };
 
-std::vector<double> parse_logits(const std::string& text) {
+// True for the spellings of an infinity strtod reads ("inf", "-Infinity", ...): the one way a
+// logit may be infinite. A finite number past the dtype's range is refused, not rounded to one.
+bool written_infinite(const std::string& item) {
+  std::string t;
+  for (char c : item) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!t.empty() && (t[0] == '+' || t[0] == '-')) t.erase(0, 1);
+  return t == "inf" || t == "infinity";
+}
+
+// The logits as float64, each one representable in `dtype` (float64 or float32).
+std::vector<double> parse_logits(const std::string& text, const std::string& dtype) {
   std::vector<double> out;
   std::size_t start = 0;
   while (start <= text.size()) {
@@ -33,6 +46,16 @@ std::vector<double> parse_logits(const std::string& text) {
           fmt::format("--logits: expected comma-separated numbers such as 1000,10,5 (inf "
                       "and -inf allowed), got '{}' in '{}'",
                       item, text));
+    }
+    const bool narrow = dtype == "float32";
+    if (!written_infinite(item) &&
+        (std::isinf(v) || (narrow && std::isinf(static_cast<float>(v))))) {
+      throw Error(fmt::format(
+          "--logits: expected numbers within {}'s range (magnitude at most {:g}; write inf or "
+          "-inf for an infinity), got '{}' in '{}'",
+          narrow ? "float32" : "float64",
+          narrow ? double(std::numeric_limits<float>::max()) : std::numeric_limits<double>::max(),
+          item, text));
     }
     out.push_back(v);
     if (comma == std::string::npos) break;
@@ -85,14 +108,15 @@ void add_softmax_command(CLI::App& app) {
       "softmax", "Numerically stable softmax(scale * logits), e.g. --logits 1000,10,5");
   cmd->add_option("--logits", args->logits, "comma-separated logits, e.g. 1000,10,5")->required();
   cmd->add_option("--scale", args->scale, "multiply the logits by this first")
+      ->check(finite_number_validator())
       ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "float64 or float32")->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object with \"probabilities\"");
   cmd->callback([args] {
-    if (!std::isfinite(args->scale)) {
-      throw Error(fmt::format("--scale: expected a finite number, got {}", args->scale));
+    if (args->dtype != "float64" && args->dtype != "float32") {
+      throw Error(fmt::format("--dtype: expected float64 or float32, got '{}'", args->dtype));
     }
-    const auto x = parse_logits(args->logits);
+    const auto x = parse_logits(args->logits, args->dtype);
     if (args->dtype == "float64") {
       run_typed<double>(*args, x);
     } else if (args->dtype == "float32") {

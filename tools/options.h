@@ -24,6 +24,20 @@ inline CLI::Validator threads_validator() {
                         "threads");
 }
 
+/// A finite number (--scale), with the text that came in the message: '1e400' is not a finite
+/// float64, and '' is no number (an unset shell variable), not the option's absence.
+inline CLI::Validator finite_number_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v)) {
+          return "expected a finite number, got '" + text + "'";
+        }
+        return "";
+      },
+      "NUMBER", "finite number");
+}
+
 /// A positive number of seconds, with a message that names what came (CLI11's PositiveNumber
 /// prints DBL_MAX in full and says 0 is not in the range [0, DBL_MAX]).
 inline CLI::Validator positive_seconds_validator() {

@@ -208,6 +208,19 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
   } else {
     p.scale = p.E > 0 ? 1.0 / std::sqrt(static_cast<double>(p.E)) : 1.0;
   }
+  // The enumerations are checked too: a binding may cast any integer to them.
+  if (options.causal != Causal::none && options.causal != Causal::upper_left &&
+      options.causal != Causal::lower_right) {
+    throw Error(ErrorKind::bad_value, "causal",
+                fmt::format("expected none, upper-left or lower-right, got the value {}",
+                            static_cast<int>(options.causal)));
+  }
+  if (options.impl != Impl::fast && options.impl != Impl::reference &&
+      options.impl != Impl::naive) {
+    throw Error(ErrorKind::bad_value, "impl",
+                fmt::format("expected fast, reference or naive, got the value {}",
+                            static_cast<int>(options.impl)));
+  }
   p.causal = options.causal;
   p.threads = resolve_threads(options.threads);
   p.query = query.data;

@@ -114,6 +114,27 @@ for scale, expect in (("1e308", [0.0, 0.0, 1.0]), ("-1e308", [1.0, 0.0, 0.0]),
                   f"softmax --scale {scale} ({dtype}): log p of the top is 0, got {lp}")
 r = run("softmax", "--logits", "1,x,3")
 check(r.returncode == 2 and "--logits" in r.stderr, "bad logits: exit 2 naming --logits")
+# A finite logit past the dtype's range is refused, never rounded to an infinity (which would
+# share the mass between 1e400 and 2e400); infinities are written as such.
+for logits, dtype in (("1e400,2e400", "float64"), ("-1e400,-2e400", "float64"),
+                      ("1e39,2e39", "float32"), ("-3.5e38,0", "float32")):
+    r = run("softmax", "--logits", logits, "--dtype", dtype, "--json")
+    check(r.returncode == 2 and f"--logits: expected numbers within {dtype}'s range" in r.stderr
+          and not r.stdout, f"softmax --logits {logits} ({dtype}) refused, got {r.returncode} "
+          f"{r.stdout.strip()} {r.stderr.strip()}")
+for logits, dtype, expect in (("1e39,2e39", "float64", [0.0, 1.0]),
+                              ("3.4e38,0", "float32", [1.0, 0.0]),
+                              ("-Infinity,1", "float64", [0.0, 1.0])):
+    r = run("softmax", "--logits", logits, "--dtype", dtype, "--json")
+    got = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(got.get("probabilities") == expect,
+          f"softmax --logits {logits} ({dtype}): {expect}, got {r.stdout.strip()} {r.stderr}")
+r = run("softmax", "--logits", "+inf,1")
+check(r.returncode == 0, f"softmax takes +inf as written, got {r.returncode} {r.stderr}")
+for scale in ("1e400", "", "1,5"):
+    r = run("softmax", "--logits", "1,2", "--scale", scale)
+    check(r.returncode == 2 and f"--scale: expected a finite number, got '{scale}'" in r.stderr,
+          f"softmax --scale '{scale}' refused naming what came, got {r.returncode} {r.stderr}")
 for args in (["--help"], ["attention", "--help"], ["softmax", "--help"], ["--version"]):
     r = run(*args)
     check(r.returncode == 0 and r.stdout, f"{args} prints and exits 0")
