@@ -58,7 +58,9 @@ std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t e
 std::string shape_string(const std::vector<std::int64_t>& shape);
 
 /// Reads a NumPy .npy file (format versions 1, 2 and 3): little-endian float32 ('<f4'),
-/// float64 ('<f8') or bool ('|b1'), C order. Anything else throws sdpa::Error with a message
+/// float64 ('<f8'), float16 ('<f2'), bfloat16 as its bits in uint16 ('<u2') or bool ('|b1'), C
+/// order; the native-order spellings NumPy reads alike ('=f4', '|f4', 'f4', '<b1') are these
+/// too. Anything else (big-endian '>f4' included) throws sdpa::Error with a message
 /// that starts with the path and says what was found. The data must be exactly as long as the
 /// header promises: a truncated or padded file is refused, and no allocation larger than the
 /// file is ever made.

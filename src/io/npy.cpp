@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -157,6 +158,18 @@ class HeaderParser {
   std::size_t i_ = 0;
 };
 
+// A dtype as NumPy spells it in '<' or '|' form: '=f4' (native order), '|f4' and 'f4' (no
+// order given) are the native order, and a one-byte type has none ('<b1' is '|b1').
+std::string canonical_descr(const std::string& descr) {
+  if (descr.empty()) return descr;
+  const bool has_order = std::strchr("<>=|", descr[0]) != nullptr;
+  const std::string type = has_order ? descr.substr(1) : descr;
+  char order = has_order ? descr[0] : '=';
+  if (type.size() == 2 && type[1] == '1') return "|" + type;
+  if (order == '=' || order == '|') order = std::endian::native == std::endian::little ? '<' : '>';
+  return order + type;
+}
+
 std::string descr_for(DType dtype) {
   switch (dtype) {
     case DType::float32:
@@ -245,6 +258,8 @@ NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
   bool fortran = false;
   std::vector<std::int64_t> shape;
   HeaderParser(header, path).parse(descr, fortran, shape);
+  const std::string spelled = descr;
+  descr = canonical_descr(descr);
   DType dtype;
   if (descr == "<f4") {
     dtype = DType::float32;
@@ -263,7 +278,7 @@ NpyHeader read_npy_header(std::FILE* file, const std::string& path) {
         ErrorKind::bad_type, path,
         fmt::format("unsupported dtype '{}' (expected little-endian float32 '<f4', float64 '<f8', "
                     "float16 '<f2', bfloat16 bits as uint16 '<u2' or bool '|b1')",
-                    descr));
+                    spelled));
   }
   if (fortran) {
     throw Error(ErrorKind::bad_type, path,

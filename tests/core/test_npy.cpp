@@ -93,6 +93,35 @@ TEST_F(NpyTest, ReadsVersionsTwoAndThree) {
   }
 }
 
+TEST_F(NpyTest, ReadsTheNativeOrderSpellingsNumPyReads) {
+  std::string data(8, '\0');
+  const float two[2] = {1.5f, -2.0f};
+  std::memcpy(data.data(), two, 8);
+  for (const char* descr : {"<f4", "=f4", "|f4", "f4"}) {
+    const auto f = craft(
+        "n.npy", 1,
+        std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }", data);
+    const sdpa::Array a = sdpa::read_npy(f);
+    ASSERT_EQ(a.dtype(), sdpa::DType::float32) << descr;
+    EXPECT_EQ(a.data_as<float>()[1], -2.0f) << descr;
+  }
+  for (const char* descr : {"|b1", "<b1", "=b1", "b1"}) {
+    const auto f =
+        craft("b.npy", 1,
+              std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }",
+              std::string("\x01\x00", 2));
+    const sdpa::Array a = sdpa::read_npy(f);
+    ASSERT_EQ(a.dtype(), sdpa::DType::boolean) << descr;
+  }
+  // Big-endian stays refused, with the spelling the file used.
+  const auto big =
+      craft("g.npy", 1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", data);
+  EXPECT_NE(error_of(big).find("unsupported dtype '>f4'"), std::string::npos) << error_of(big);
+  const auto odd =
+      craft("o.npy", 1, "{'descr': '=i4', 'fortran_order': False, 'shape': (2,), }", data);
+  EXPECT_NE(error_of(odd).find("unsupported dtype '=i4'"), std::string::npos) << error_of(odd);
+}
+
 TEST_F(NpyTest, RefusesEveryMalformedFile) {
   const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
   const std::string data24(24, '\0');
