@@ -10,8 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/half.h"
 #include "core/layout.h"
@@ -236,7 +239,13 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
   if (r.paged) {
     // Every page a sequence reads (its first ceil(S_b / page_size) entries) must exist; the
     // entries past them are never read and may hold anything (-1 padding, say).
-    std::vector<std::pair<int64_t, int64_t>> appended;  // (page, row in page) written
+    struct Written {  // one appended row: where it goes, and whose position it is
+      int64_t page, row, b, s;
+      bool operator<(const Written& o) const {
+        return std::tie(page, row, b, s) < std::tie(o.page, o.row, o.b, o.s);
+      }
+    };
+    std::vector<Written> appended;
     for (int64_t b = 0; b < d.batch; ++b) {
       const int64_t S = d.seq_lens[static_cast<std::size_t>(b)];
       const int64_t pages = (S + d.page_size - 1) / d.page_size;
@@ -251,16 +260,25 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
         }
       }
       for (int64_t s = r.cached[static_cast<std::size_t>(b)]; s < S; ++s) {
-        appended.emplace_back(d.block_table[b * d.max_blocks + s / d.page_size], s % d.page_size);
+        appended.push_back(
+            {d.block_table[b * d.max_blocks + s / d.page_size], s % d.page_size, b, s});
       }
     }
     std::sort(appended.begin(), appended.end());
-    const auto dup = std::adjacent_find(appended.begin(), appended.end());
+    const auto dup = std::adjacent_find(
+        appended.begin(), appended.end(),
+        [](const Written& x, const Written& y) { return x.page == y.page && x.row == y.row; });
     if (dup != appended.end()) {
+      const Written& x = dup[0];
+      const Written& y = dup[1];
+      const std::string who =
+          x.b == y.b ? fmt::format("sequence {} writing it for positions {} and {}", x.b, x.s, y.s)
+                     : fmt::format("sequences {} (position {}) and {} (position {}) writing it",
+                                   x.b, x.s, y.b, y.s);
       throw Error(ErrorKind::bad_value, "block_table",
-                  fmt::format("expected distinct cache rows for the appended k/v, got two "
-                              "sequences writing row {} of block {}",
-                              dup->second, dup->first));
+                  fmt::format("expected distinct cache rows for the appended k/v, got row {} of "
+                              "block {} twice: {}",
+                              x.row, x.page, who));
     }
   }
   return r;
@@ -276,6 +294,13 @@ void check_outputs(const Resolved& r, const MutableTensorRef& out, const Mutable
 }
 
 // Copies the new rows into the caches (after every check passed).
+// True when the byte ranges [a, a + na) and [b, b + nb) share a byte.
+bool overlap(const void* a, std::size_t na, const void* b, std::size_t nb) {
+  const auto ia = reinterpret_cast<std::uintptr_t>(a);
+  const auto ib = reinterpret_cast<std::uintptr_t>(b);
+  return na > 0 && nb > 0 && ia < ib + nb && ib < ia + na;
+}
+
 void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& k_cache,
             const MutableTensorRef& v_cache) {
   const detail::DecodeProblem& d = r.decode;
@@ -286,6 +311,24 @@ void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& 
   auto* vc = static_cast<unsigned char*>(v_cache.data);
   const auto* kn = static_cast<const unsigned char*>(in.k->data);
   const auto* vn = static_cast<const unsigned char*>(in.v->data);
+  // New rows that are themselves a view of either cache (k = k_cache[:, 0:3]) are read whole
+  // before any row is written: copied row by row in place, a later row would read one this
+  // call had already overwritten.
+  const std::size_t rows = static_cast<std::size_t>(d.batch * r.L_new);
+  const std::size_t kc_bytes = static_cast<std::size_t>(k_cache.numel()) * es;
+  const std::size_t vc_bytes = static_cast<std::size_t>(v_cache.numel()) * es;
+  std::vector<unsigned char> k_copy, v_copy;
+  const auto aliases = [&](const unsigned char* src, std::size_t bytes) {
+    return overlap(src, bytes, kc, kc_bytes) || overlap(src, bytes, vc, vc_bytes);
+  };
+  if (aliases(kn, rows * krow)) {
+    k_copy.assign(kn, kn + rows * krow);
+    kn = k_copy.data();
+  }
+  if (aliases(vn, rows * vrow)) {
+    v_copy.assign(vn, vn + rows * vrow);
+    vn = v_copy.data();
+  }
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t i = 0; i < r.L_new; ++i) {
       const int64_t s = r.cached[static_cast<std::size_t>(b)] + i;

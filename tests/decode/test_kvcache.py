@@ -2,6 +2,8 @@
 """sdpa.attention_with_kvcache from Python: against a NumPy float64 reference written from
 FlashAttention's definition, the in-place append, and refused calls that leave the caches
 unchanged. Run by ctest with PYTHONPATH pointing at the built module."""
+import re
+
 import numpy as np
 import pytest
 
@@ -97,6 +99,48 @@ def test_matches_reference_and_appends_in_place(case):
     np.testing.assert_allclose(lse, ref_lse, atol=tol, rtol=tol)
     empty = (sl + L_new) == 0
     assert np.all(out[empty] == 0) and np.all(lse[empty] == -np.inf)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("source", ["own cache", "other cache"])
+def test_new_rows_that_view_a_cache_are_read_before_any_row_is_written(paged, source):
+    # k and v are views of cache rows 0..2, appended at row 1: written one row at a time from
+    # the views themselves, rows 2 and 3 would copy what this call had just written.
+    rng = np.random.default_rng(21)
+    Hkv, E = 2, 16
+    q = rng.standard_normal((1, 2, 4, E)).astype(np.float32)
+    shape = (4, 4, Hkv, E) if paged else (1, 8, Hkv, E)
+    kc = rng.standard_normal(shape).astype(np.float32)
+    vc = rng.standard_normal(shape).astype(np.float32)
+    table = np.array([[0, 1]], np.int32) if paged else None
+    k, v = (kc[0:1, 0:3], vc[0:1, 0:3]) if source == "own cache" else (vc[0:1, 0:3], kc[0:1, 0:3])
+    assert np.shares_memory(k, kc if source == "own cache" else vc) and k.flags.c_contiguous
+    k0, v0 = k.copy(), v.copy()
+    sl = np.array([1], np.int32)
+    k_want, v_want = write_rows(kc, table, sl, k0), write_rows(vc, table, sl, v0)
+    out = sdpa.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=sl, block_table=table)
+    assert np.array_equal(kc, k_want) and np.array_equal(vc, v_want)
+    ref, _ = reference(q, k_want, v_want, sl + 3, table, False)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("table, seqlens, fragment", [
+    ([[0, 0, 0]], [0], "got row 0 of block 0 twice: sequence 0 writing it for positions 0 and 1"),
+    ([[0, 1, 2], [0, 3, 4]], [0, 0], "got row 0 of block 0 twice: sequences 0 (position 0) and 1"),
+])
+def test_one_cache_row_written_twice_is_named(table, seqlens, fragment):
+    rng = np.random.default_rng(22)
+    kc = rng.standard_normal((5, 1, 1, 4)).astype(np.float32)
+    vc = rng.standard_normal((5, 1, 1, 4)).astype(np.float32)
+    batch = len(table)
+    q = rng.standard_normal((batch, 3, 1, 4)).astype(np.float32)
+    k = rng.standard_normal((batch, 3, 1, 4)).astype(np.float32)
+    kc0, vc0 = kc.copy(), vc.copy()
+    with pytest.raises(ValueError, match=re.escape("block_table: expected distinct cache rows")
+                       + ".*" + re.escape(fragment)):
+        sdpa.attention_with_kvcache(q, kc, vc, k, k.copy(), np.array(seqlens, np.int32),
+                                    np.array(table, np.int32))
+    assert np.array_equal(kc, kc0) and np.array_equal(vc, vc0)
 
 
 def test_defaults_whole_cache_and_plain_out():
