@@ -188,8 +188,9 @@ k / v (batch, L_new, Hkv, .): written into the caches at cache_seqlens[b] (in pl
 attended to; cache_seqlens itself is not advanced. causal: lower-right aligned (query l sees
 rows s <= l + S_b - L with S_b = cache_seqlens[b] + L_new). Hq a multiple of Hkv (GQA).
 Returns out (batch, L, Hq, Ev), or (out, lse) with lse (batch, Hq, L) when return_lse.
-The caches must be C-contiguous, writeable float32/float64 arrays of q's dtype, or float16
-with a float32 q (k / v then float16 too; out and lse are float32). Everything is
+The caches (k / v too) must be C-contiguous, writeable arrays of one dtype: float64 under a
+float64 q; float32 or float16 under a float32 or float16 q. out has q's dtype; lse is float32
+for a float16 q, else q's dtype. Everything is
 checked before anything is written: a refused call leaves the caches unchanged. The GIL is
 released during the computation.
 )doc";

@@ -52,22 +52,26 @@ void check_cu_seqlens(std::span<const std::int64_t> cu, std::int64_t total, std:
     throw Error(ErrorKind::bad_value, what,
                 fmt::format("expected the first offset to be 0, got {}", cu.front()));
   }
+  // The offsets themselves first, then the lengths against max_len: a length read from
+  // offsets that go down is no length at all.
   for (std::size_t b = 1; b < cu.size(); ++b) {
     if (cu[b] < cu[b - 1]) {
       throw Error(ErrorKind::bad_value, what,
                   fmt::format("expected non-decreasing offsets, got {} after {} at index {}", cu[b],
                               cu[b - 1], b));
     }
-    if (cu[b] - cu[b - 1] > max_len) {
-      throw Error(ErrorKind::bad_value, max_what,
-                  fmt::format("expected at least the longest sequence, got {} < {} (sequence {})",
-                              max_len, cu[b] - cu[b - 1], b - 1));
-    }
   }
   if (cu.back() != total) {
     throw Error(ErrorKind::bad_value, what,
                 fmt::format("expected the last offset to be the packed total {}, got {}", total,
                             cu.back()));
+  }
+  for (std::size_t b = 1; b < cu.size(); ++b) {
+    if (cu[b] - cu[b - 1] > max_len) {
+      throw Error(ErrorKind::bad_value, max_what,
+                  fmt::format("expected at least the longest sequence, got {} < {} (sequence {})",
+                              max_len, cu[b] - cu[b - 1], b - 1));
+    }
   }
 }
 

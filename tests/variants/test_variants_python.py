@@ -317,6 +317,13 @@ def test_varlen_max_seqlen_checked():
         sdpa.attention_varlen(q, q, q, [0, 2, 6], [0, 2, 6], 3, 6)
 
 
+def test_varlen_offsets_are_checked_before_the_lengths():
+    # [0, 6, 3, 9] goes down: its "length" 6 is no length, so max_seqlen_q = 5 is not the fault.
+    q = rand(9, 2, 4)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected non-decreasing offsets"):
+        sdpa.attention_varlen(q, q, q, [0, 6, 3, 9], [0, 3, 6, 9], 5, 9)
+
+
 def test_numpy_integers_are_ints():
     # seed, window_size and threads take NumPy integers as Python's.
     q = rand(1, 2, 9, 4, seed=61)
