@@ -104,12 +104,13 @@ Indices indices(const py::handle& obj, const std::string& what) {
     throw py::type_error(what + ": expected an integer dtype (int32), got " + text_of(a.dtype()));
   }
   if (a.size() > 0) {
-    const py::array wide = np.attr("asarray")(a, "int64");
-    const std::int64_t lo = np.attr("min")(wide).cast<std::int64_t>();
-    const std::int64_t hi = np.attr("max")(wide).cast<std::int64_t>();
-    if (lo < INT32_MIN || hi > INT32_MAX || (kind == 'u' && hi < lo)) {
+    // Compared as Python integers: a uint64 2^64 - 1 cast to int64 would read as -1.
+    const py::object lo = np.attr("min")(a).attr("item")();
+    const py::object hi = np.attr("max")(a).attr("item")();
+    if (lo < py::int_(INT32_MIN) || hi > py::int_(INT32_MAX)) {
       throw py::value_error(what + ": expected values that fit int32, got the range [" +
-                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+                            py::str(lo).cast<std::string>() + ", " +
+                            py::str(hi).cast<std::string>() + "]");
     }
   }
   py::array_t<std::int32_t> b =

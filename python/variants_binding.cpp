@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -207,10 +208,21 @@ Floating floating(const py::handle& obj, const char* what) {
 std::vector<std::int64_t> offsets(const py::handle& obj, const char* what) {
   const py::module_ np = py::module_::import("numpy");
   py::array a = np.attr("asarray")(obj);
+  // An empty list has NumPy's default dtype, float64: it holds no offsets, not float ones.
+  if (a.size() == 0 && a.ndim() == 1 && !py::isinstance<py::array>(obj)) {
+    throw sdpa::Error(sdpa::ErrorKind::bad_shape, what, "expected B + 1 >= 1 offsets, got none");
+  }
   if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u') {
     throw sdpa::Error(
         sdpa::ErrorKind::bad_type, what,
         "expected an integer array of B + 1 offsets, got dtype " + text_of(a.dtype()));
+  }
+  // Unsigned offsets past int64 would wrap to negative numbers.
+  if (a.dtype().kind() == 'u' && a.size() > 0 &&
+      np.attr("max")(a) > py::int_(std::numeric_limits<std::int64_t>::max())) {
+    throw sdpa::Error(
+        sdpa::ErrorKind::bad_value, what,
+        "expected offsets below 2^63, got " + py::str(np.attr("max")(a)).cast<std::string>());
   }
   if (a.ndim() != 1) {
     throw sdpa::Error(

@@ -143,6 +143,19 @@ def test_one_cache_row_written_twice_is_named(table, seqlens, fragment):
     assert np.array_equal(kc, kc0) and np.array_equal(vc, vc0)
 
 
+@pytest.mark.parametrize("value", [2**64 - 1, 2**63])
+def test_unsigned_block_ids_are_named_as_given(value):
+    # Cast to int64 first, 2^64 - 1 read as -1 (the unused-entry filler) and 2^63 as -2^63.
+    rng = np.random.default_rng(23)
+    kc = rng.standard_normal((4, 2, 1, 4)).astype(np.float32)
+    q = rng.standard_normal((1, 1, 1, 4)).astype(np.float32)
+    for table in ([[value, 0]], [[0, value]]):
+        with pytest.raises(ValueError, match=f"block_table: expected values that fit int32, got "
+                           f"the range \\[0, {value}\\]"):
+            sdpa.attention_with_kvcache(q, kc, kc.copy(), cache_seqlens=np.array([2], np.int32),
+                                        block_table=np.array(table, np.uint64))
+
+
 def test_defaults_whole_cache_and_plain_out():
     rng = np.random.default_rng(3)
     q, kc, vc, _, _, _, _ = make(rng, np.float32, 2, 1, 4, 2, 16, 16, 0, 40, [0, 0], 0)

@@ -1,5 +1,7 @@
 """The variant keywords of the Python module (NumPy and sdpa.torch) and sdpa.attention_varlen,
 against torch composites that materialise L x S (float64, torch.autograd for the gradients)."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -315,6 +317,17 @@ def test_varlen_max_seqlen_checked():
     q = rand(6, 2, 4)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         sdpa.attention_varlen(q, q, q, [0, 2, 6], [0, 2, 6], 3, 6)
+
+
+@pytest.mark.parametrize("cu_q, fragment", [
+    ([], "cu_seqlens_q: expected B + 1 >= 1 offsets, got none"),
+    (np.array([0, 3, 2**64 - 1], np.uint64),
+     "cu_seqlens_q: expected offsets below 2^63, got 18446744073709551615"),
+])
+def test_varlen_offsets_are_named_as_given(cu_q, fragment):
+    q = rand(9, 2, 4)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        sdpa.attention_varlen(q, q, q, cu_q, [0, 3, 9], 9, 9)
 
 
 def test_varlen_offsets_are_checked_before_the_lengths():
