@@ -39,7 +39,8 @@ struct Variants {
   bool window() const { return window_left >= 0 || window_right >= 0; }
   /// Something changes the scores themselves (not only which keys are visible).
   bool transforms_scores() const { return softcap > 0.0 || alibi != nullptr; }
-  bool dropout() const { return dropout_p > 0.0; }
+  /// Dropout drops something: p at or above 2^-17 (below, dropout_threshold rounds it to 0).
+  bool dropout() const;
   bool any() const { return window() || transforms_scores() || sinks != nullptr || dropout(); }
   double slope(std::int64_t b, std::int64_t h) const { return alibi[b * alibi_stride_b + h]; }
 };
@@ -74,6 +75,8 @@ inline std::uint32_t dropout_threshold(double p) {
   const double t = std::round(p * 65536.0);  // exact: p * 2^16 loses no bit
   return t >= 65535.0 ? 65535u : static_cast<std::uint32_t>(t);
 }
+
+inline bool Variants::dropout() const { return dropout_threshold(dropout_p) > 0; }
 
 /// A kept key's factor, 1 / (1 - p') = 2^16 / (2^16 - threshold): E[z_j * factor] = 1 exactly
 /// for the p' actually drawn, so dropout leaves the expected output unchanged.

@@ -459,6 +459,30 @@ TEST(Variants, DropoutDrawsTheReferenceMask) {
   EXPECT_GT(max_abs_diff(fast.out, changed.out), 1e-3);
 }
 
+// p below 2^-17 rounds to a threshold of 0: nothing is dropped, so the call is plain attention,
+// the naive baseline included, bit for bit.
+TEST(Variants, DropoutThatRoundsToZeroIsNoDropout) {
+  Case c = all_variants_case();
+  c.options = AttentionOptions{};
+  c.options.enable_gqa = true;
+  c.options.causal = Causal::lower_right;
+  const Inputs in = sdpa::test::make_inputs(c, DType::float32, 62);
+  for (Impl impl : {Impl::fast, Impl::reference, Impl::naive}) {
+    AttentionOptions tiny = c.options;
+    tiny.dropout_p = 1e-9;
+    tiny.seed = 5;
+    const Result plain = run_variants(in, c.options, impl);
+    const Result rounded = run_variants(in, tiny, impl);
+    EXPECT_TRUE(bit_identical(plain.out, rounded.out)) << sdpa::impl_name(impl);
+    EXPECT_TRUE(bit_identical(plain.dq, rounded.dq)) << sdpa::impl_name(impl);
+    EXPECT_TRUE(bit_identical(plain.dv, rounded.dv)) << sdpa::impl_name(impl);
+  }
+  // The smallest p that drops: 2^-17, a threshold of 1 (one draw in 65536).
+  AttentionOptions least = c.options;
+  least.dropout_p = std::ldexp(1.0, -17);
+  EXPECT_THROW(run_variants(in, least, Impl::naive), sdpa::Error);
+}
+
 // The reference's mask, rebuilt here from Random123's philox4x32 by the documented layout:
 // key j draws the 16-bit half (j mod 2, low first) of word (j mod 8) / 2 of the call with
 // counter (j / 8, i, head, batch + offset) and key (seed low, seed high); kept iff the draw is
