@@ -455,7 +455,7 @@ const Experiment& saturation_experiment() {
         {"grad_q_dead_ci_high", Kind::number, "", "the same, high end"},
         {"grad_q_dead_theory", Kind::number, "",
          "the top-two-gap prediction `exp(−t*·a_N/s)`, `t* = ln(G/threshold)`, "
-         "`G = scale·2d·sqrt(2/π)`, `a_N ≈ sqrt(2 ln N)` to second order (`lab/rem.h`); a "
+         "`G = scale·2d·sqrt(2/π)`, `a_N ≈ sqrt(2 ln N)` to second order (`src/lab/rem.h`); a "
          "frozen-phase approximation"},
         {"dead_threshold_q", Kind::number, "",
          "the dQ norm below which a row is dead: `1e-3·sqrt(d(N−1))/N`"}};

@@ -513,7 +513,7 @@ const Experiment& train_experiment() {
          {"init_entropy_scaled", Kind::number, "nats", "the same for `1/sqrt(d)`", true},
          {"rem_entropy_unscaled", Kind::number, "nats",
           "the random-energy-model entropy for logits of standard deviation sqrt(d) over P "
-          "keys (lab/rem.h; null between `s_c` and `1.5 s_c`)",
+          "keys (src/lab/rem.h; null between `s_c` and `1.5 s_c`)",
           true},
          {"init_dead_unscaled", Kind::number, "",
           "fraction of dead rows (`1 − max p < 1e-3`) at step 0, scale 1", true},
