@@ -4,6 +4,7 @@ Run with the extension on the path: PYTHONPATH=<build>/python /usr/bin/python3 -
 (ctest does this). Importing sdpa must work: a missing module is a failure, not a skip.
 """
 import numpy as np
+import pytest
 
 # The accuracy contract of the fused kernel (issue 3, docs/python.md): for float32 inputs, the
 # largest error against a float64 computation of the same inputs, relative to the largest
@@ -55,3 +56,15 @@ def assert_close(what, ours, ref, bound, valid=None):
             f"ours {np.asarray(ours)[worst]!r}, expected {np.asarray(ref)[worst]!r} "
             f"(bound relative to max |expected| over the compared entries)")
     return err
+
+
+def assert_raises_alike(numpy_call, torch_call, name):
+    """numpy_call() and torch_call() both raise TypeError or ValueError, of one type and with one
+    message, which starts by naming `name`: sdpa.torch refuses as the NumPy function does."""
+    with pytest.raises((TypeError, ValueError)) as numpy_error:
+        numpy_call()
+    with pytest.raises((TypeError, ValueError)) as torch_error:
+        torch_call()
+    assert torch_error.type is numpy_error.type
+    assert str(torch_error.value) == str(numpy_error.value)
+    assert str(torch_error.value).startswith(name + ": expected")
