@@ -185,7 +185,6 @@ void run(const AttentionArgs& a) {
   const std::map<std::string, std::string> flags = {
       {"causal", "--causal"},
       {"impl", "--impl"},
-      {"scale", "--scale"},
       {"window_left", "--window"},
       {"window_right", "--window"},
       {"softcap", "--softcap"},
