@@ -95,33 +95,41 @@ void run_context_parallel_attention(const AttentionFiles& f, const AttentionOpti
   cp.timeout_seconds = call.timeout;
   const bool zigzag = mpi::uses_zigzag(cp.strategy, options);
 
-  // Rank 0 writes every output: as in one process, each output is validated (no input, no
-  // other output, a writable place) and its temporary created before any input is read, and
-  // every rank learns of a refusal before anyone computes.
+  // Rank 0 writes every output. As in one process, each output is validated (no input, no
+  // other output, a writable place, its temporary created) before any input is read, and every
+  // rank learns of a refusal before anyone computes. The temporaries of that check are removed
+  // at once and made again only after the last exchange: while the ranks compute, a peer that
+  // dies makes mpirun end rank 0 (SIGTERM, then SIGKILL a second later), and a SIGKILL leaves
+  // whatever temporaries exist behind.
   std::optional<io::OutputCommit> commit;
   std::vector<std::pair<std::size_t, int>> slots;  // (commit index, which result) on rank 0
   enum Result { kOut, kLse, kDq, kDk, kDv };
+  auto prepare_outputs = [&] {
+    slots.clear();
+    commit.emplace();
+    commit->protect_input("--query", f.query);
+    commit->protect_input("--key", f.key);
+    commit->protect_input("--value", f.value);
+    if (!f.mask.empty()) commit->protect_input("--mask", f.mask);
+    if (!f.grad_output.empty()) commit->protect_input("--grad-output", f.grad_output);
+    slots.emplace_back(commit->add_file("--out", f.out), kOut);
+    if (!f.lse.empty()) slots.emplace_back(commit->add_file("--lse", f.lse), kLse);
+    if (!f.grad_query.empty()) {
+      slots.emplace_back(commit->add_file("--grad-query", f.grad_query), kDq);
+    }
+    if (!f.grad_key.empty()) slots.emplace_back(commit->add_file("--grad-key", f.grad_key), kDk);
+    if (!f.grad_value.empty()) {
+      slots.emplace_back(commit->add_file("--grad-value", f.grad_value), kDv);
+    }
+  };
   std::string error;
   if (mpi.rank() == 0) {
     try {
-      commit.emplace();
-      commit->protect_input("--query", f.query);
-      commit->protect_input("--key", f.key);
-      commit->protect_input("--value", f.value);
-      if (!f.mask.empty()) commit->protect_input("--mask", f.mask);
-      if (!f.grad_output.empty()) commit->protect_input("--grad-output", f.grad_output);
-      slots.emplace_back(commit->add_file("--out", f.out), kOut);
-      if (!f.lse.empty()) slots.emplace_back(commit->add_file("--lse", f.lse), kLse);
-      if (!f.grad_query.empty()) {
-        slots.emplace_back(commit->add_file("--grad-query", f.grad_query), kDq);
-      }
-      if (!f.grad_key.empty()) slots.emplace_back(commit->add_file("--grad-key", f.grad_key), kDk);
-      if (!f.grad_value.empty()) {
-        slots.emplace_back(commit->add_file("--grad-value", f.grad_value), kDv);
-      }
+      prepare_outputs();
     } catch (const Error& e) {
       error = e.what();
     }
+    commit.reset();  // removes the temporaries; the targets stay as they were
   }
   mpi::agree(comm, error, cp.timeout_seconds);
 
@@ -212,6 +220,7 @@ void run_context_parallel_attention(const AttentionFiles& f, const AttentionOpti
   error.clear();
   if (mpi.rank() == 0) {
     try {
+      prepare_outputs();
       for (const auto& [index, which] : slots) io::write_npy(*commit, index, results[which].ref());
       commit->commit();
     } catch (const Error& e) {

@@ -202,20 +202,23 @@ def test_determinism(d):
 def test_faults(d):
     case = Case("faults", (1, 2, 40, 8), (1, 2, 40, 8), causal="upper-left", seed=10)
     p = write_inputs(case, d)
-    for action, limit in (("kill", 30), ("exit", 30), ("stall", 30)):
-        out = os.path.join(d, action)
+    # Rank 0 writes the outputs; SIGKILL runs no handler, so only temporaries that do not exist
+    # while the ranks compute are sure to be gone when rank 0 itself is killed.
+    for action, rank, limit in (("kill", 1, 30), ("exit", 1, 30), ("stall", 1, 30),
+                                ("kill", 0, 30)):
+        out = os.path.join(d, f"{action}{rank}")
         t0 = time.time()
         try:
             r = run(mpirun(3) + [SDPA] + attention_args(case, p, out) +
                     ["--context-parallel", "ring", "--cp-timeout", "3"],
-                    timeout=limit + 30, env={"SDPA_MPI_FAULT": f"{action}:1:1"})
+                    timeout=limit + 30, env={"SDPA_MPI_FAULT": f"{action}:{rank}:1"})
             seconds = time.time() - t0
             rc = r.returncode
         except subprocess.TimeoutExpired:
             seconds, rc = time.time() - t0, None
         leftovers = [f for f in os.listdir(out)] if os.path.isdir(out) else []
         check(rc not in (None, 0) and seconds < limit and not leftovers,
-              f"rank 1 does '{action}' at step 1: exit {rc} after {seconds:.1f} s "
+              f"rank {rank} does '{action}' at step 1: exit {rc} after {seconds:.1f} s "
               f"(< {limit} s), files left: {leftovers}")
         if action == "stall" and rc not in (None, 0):
             check("did not complete within 3 s" in r.stderr,
