@@ -15,14 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "bindings.h"
 #include "sdpa/kvcache.h"
 #include "sdpa/sdpa.h"
-
-namespace py = pybind11;
-
-[[noreturn]] void raise_sdpa_error(const sdpa::Error& e);   // sdpa_python.cpp
-bool bool_option(const py::handle& obj, const char* name);  // sdpa_python.cpp
-int threads_option(const py::handle& obj);                  // sdpa_python.cpp
 
 namespace {
 
