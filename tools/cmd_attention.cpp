@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "core/variants.h"
 #include "io/npy.h"
 #include "io/output.h"
 #include "options.h"
@@ -127,8 +128,9 @@ void run(const AttentionArgs& a) {
   if (!a.context_parallel.strategy.empty()) {
     check_gradient_flags(a);
     const AttentionOptions o = make_options(a);
-    if (o.window_left >= 0 || o.window_right >= 0 || o.softcap > 0.0 || o.dropout_p > 0.0 ||
-        !a.alibi_slopes.empty() || !a.sinks.empty() || !a.grad_sinks.empty()) {
+    if (o.window_left >= 0 || o.window_right >= 0 || o.softcap > 0.0 ||
+        detail::dropout_threshold(o.dropout_p) > 0 || !a.alibi_slopes.empty() || !a.sinks.empty() ||
+        !a.grad_sinks.empty()) {
       throw Error(ErrorKind::bad_value, "--context-parallel",
                   "expected without --window, --softcap, --alibi-slopes, --sinks, --dropout-p "
                   "(the ranks compute plain attention), got some of them");
@@ -183,6 +185,11 @@ void run(const AttentionArgs& a) {
   }
   // The API's parameters, as this command spells them.
   const std::map<std::string, std::string> flags = {
+      {"query", "--query " + a.query},
+      {"key", "--key " + a.key},
+      {"value", "--value " + a.value},
+      {"mask", "--mask " + a.mask},
+      {"enable_gqa", "--enable-gqa"},
       {"causal", "--causal"},
       {"impl", "--impl"},
       {"window_left", "--window"},

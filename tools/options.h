@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <string>
@@ -63,7 +64,28 @@ decltype(auto) naming_flags(const std::map<std::string, std::string>& names, F&&
     const auto it = names.find(e.argument());
     if (it == names.end() || e.argument().empty()) throw;
     const std::string what = e.what();
-    throw Error(e.kind(), it->second, what.substr(e.argument().size() + 2));
+    std::string text = what.substr(e.argument().size() + 2);
+    // A message may point to another parameter by its API name ("or enable_gqa ..."): use the
+    // command's spelling there too. Only names with an underscore, never a plain word.
+    for (const auto& [api, flag] : names) {
+      if (api.find('_') == std::string::npos) continue;
+      const std::string spelling = flag.substr(0, flag.find(' '));
+      auto word_char = [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      };
+      std::size_t at = text.find(api);
+      while (at != std::string::npos) {
+        const std::size_t end = at + api.size();
+        std::size_t next = end;
+        if ((at == 0 || !word_char(text[at - 1])) &&
+            (end == text.size() || !word_char(text[end]))) {
+          text.replace(at, api.size(), spelling);
+          next = at + spelling.size();
+        }
+        at = text.find(api, next);
+      }
+    }
+    throw Error(e.kind(), it->second, text);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <thread>
 
+#include "core/variants.h"
 #include "io/output.h"
 #include "mpi/detail.h"
 
@@ -193,6 +194,33 @@ Layout validate(MPI_Comm comm, const TensorRef& q, const TensorRef& k, const Ten
   if (!(options.timeout_seconds > 0)) {
     fail(fmt::format("timeout: expected a positive number of seconds, got {}",
                      options.timeout_seconds));
+  }
+  // The ranks compute plain attention: a variant that depends on absolute positions (window,
+  // ALiBi), adds a column to every row's softmax (sinks), or draws per element (dropout) would
+  // be applied per block and come out wrong, so each is refused rather than ignored.
+  const AttentionOptions& a = options.attention;
+  if (a.window_left >= 0 || a.window_right >= 0) {
+    fail(
+        fmt::format("window_left, window_right: expected -1, -1 (no sliding window) with "
+                    "context parallelism, got {}, {}",
+                    a.window_left, a.window_right));
+  }
+  if (a.softcap != 0.0) {
+    fail(fmt::format("softcap: expected 0 with context parallelism, got {}", a.softcap));
+  }
+  if (!a.alibi_slopes.empty()) {
+    fail(fmt::format("alibi_slopes: expected none with context parallelism, got {} slopes",
+                     a.alibi_slopes.size()));
+  }
+  if (!a.sinks.empty()) {
+    fail(
+        fmt::format("sinks: expected none with context parallelism, got {} sinks", a.sinks.size()));
+  }
+  if (!(a.dropout_p >= 0.0) || sdpa::detail::dropout_threshold(a.dropout_p) > 0) {
+    fail(
+        fmt::format("dropout_p: expected 0 (or below 2^-17, which drops nothing) with context "
+                    "parallelism, got {}",
+                    a.dropout_p));
   }
   const std::pair<const char*, const TensorRef*> inputs[] = {
       {"query", &q}, {"key", &k}, {"value", &v}, {"mask", mask != nullptr ? &m : nullptr}};

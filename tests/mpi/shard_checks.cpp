@@ -74,6 +74,25 @@ int main(int argc, char** argv) {
     sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_bad, out.mut(),
                                         lse.mut());
   });
+  // Variants the ranks cannot compute block by block are refused on every rank, not ignored.
+  sdpa::mpi::ContextParallelOptions o_window = o;
+  o_window.attention.window_left = 4;
+  expect_error("a sliding window", "window_left, window_right: expected -1, -1", [&] {
+    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_window, out.mut(),
+                                        lse.mut());
+  });
+  sdpa::mpi::ContextParallelOptions o_sinks = o;
+  o_sinks.attention.sinks = {0.5, 0.5};
+  expect_error("attention sinks", "sinks: expected none", [&] {
+    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_sinks, out.mut(),
+                                        lse.mut());
+  });
+  sdpa::mpi::ContextParallelOptions o_dropout = o;
+  o_dropout.attention.dropout_p = 0.1;
+  expect_error("dropout", "dropout_p: expected 0", [&] {
+    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_dropout, out.mut(),
+                                        lse.mut());
+  });
   // A wrongly shaped output on one rank is a local error every rank hears of.
   sdpa::Array lse_short(sdpa::DType::float32, {H, rank == 2 ? rows - 1 : rows});
   expect_error("rank 2's lse has a row too few", "rank 2: lse: expected the shard shape", [&] {
@@ -86,6 +105,16 @@ int main(int argc, char** argv) {
   sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o, out2.mut(), lse2.mut());
   const bool same = std::memcmp(out.data(), out2.data(), out.nbytes()) == 0 &&
                     std::memcmp(lse.data(), lse2.data(), lse.nbytes()) == 0;
+  // A dropout probability below 2^-17 drops nothing (as in one process): the same bits.
+  sdpa::mpi::ContextParallelOptions o_tiny = o;
+  o_tiny.attention.dropout_p = 1e-6;
+  sdpa::Array out3(sdpa::DType::float32, out.shape()), lse3(sdpa::DType::float32, lse.shape());
+  sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_tiny, out3.mut(),
+                                      lse3.mut());
+  const bool tiny = std::memcmp(out.data(), out3.data(), out.nbytes()) == 0;
+  if (!tiny) ++failures;
+  std::printf("%s rank %d: dropout_p 1e-6 is no dropout, the same bits\n", tiny ? "ok  " : "FAIL",
+              rank);
   if (!same) ++failures;
   std::printf("%s rank %d: good shards after the errors, identical bits twice\n",
               same ? "ok  " : "FAIL", rank);

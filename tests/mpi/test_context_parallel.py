@@ -197,6 +197,18 @@ def test_determinism(d):
             return
         blobs.append([open(os.path.join(out, n + ".npy"), "rb").read() for n in OUTPUTS])
     check(blobs[0] == blobs[1], "ring -np 3: byte-identical outputs and gradients run to run")
+    # A dropout probability below 2^-17 drops nothing, as in one process: accepted, same bytes.
+    out = os.path.join(d, "tiny_dropout")
+    r = run(mpirun(3) + [SDPA] + attention_args(case, p, out) +
+            ["--context-parallel", "ring", "--dropout-p", "1e-6"])
+    same = r.returncode == 0 and blobs[0] == [
+        open(os.path.join(out, n + ".npy"), "rb").read() for n in OUTPUTS]
+    check(same, f"--dropout-p 1e-6 is no dropout: exit {r.returncode}, the same bytes "
+                f"{r.stderr.strip().splitlines()[:1]}")
+    r = run(mpirun(3) + [SDPA] + attention_args(case, p, os.path.join(d, "dropout")) +
+            ["--context-parallel", "ring", "--dropout-p", "0.1"])
+    check(r.returncode == 2 and "--context-parallel: expected without" in r.stderr,
+          f"--dropout-p 0.1 is refused: exit {r.returncode} {r.stderr.strip().splitlines()[:1]}")
 
 
 def test_faults(d):
