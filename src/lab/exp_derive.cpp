@@ -123,46 +123,75 @@ json run_derive(const LabOptions& options) {
   result["tables"]["derive"] = rows;
 
   auto& claims = result["claims"];
+  const Lang lang = options.lang;
   const std::string dists = "normal, uniform, rademacher, laplace, student-t5";
-  const std::string steps = fmt::format(
-      "The other steps, shown but not counted (exact functions of the same samples): {} of {} "
-      "intervals contain their theory.",
-      steps_cov, steps_tot);
+  const std::string steps =
+      say(lang,
+          "The other steps, shown but not counted (exact functions of the same samples): {} of {} "
+          "intervals contain their theory.",
+          "其余各步只展示、不计数（它们是同一批样本的精确函数）：{1} 个区间中有 {0} 个包含各自的"
+          "理论值。",
+          steps_cov, steps_tot);
   claims.push_back(make_claim(
-      "C3", options.lang, "E[q_i k_i] = E[q_i] E[k_i] = 0, so E[q.k] = 0.",
-      fmt::format("{} of {} independent intervals of E[q.k] (one per distribution; d = {}, {} "
-                  "samples each; {}) contain 0; at least {} needed (Binomial({}, 0.95) at level "
-                  "1e-3)",
-                  c3_cov, c3_tot, d, n, dists, binomial_lower_bound(c3_tot, 0.95, 1e-3), c3_tot),
+      "C3", lang,
+      pick(lang, "E[q_i k_i] = E[q_i] E[k_i] = 0, so E[q.k] = 0.",
+           "E[q_i k_i] = E[q_i] E[k_i] = 0，所以 E[q.k] = 0。"),
+      say(lang,
+          "{} of {} independent intervals of E[q.k] (one per distribution; d = {}, {} samples "
+          "each; {}) contain 0; at least {} needed (Binomial({}, 0.95) at level 1e-3)",
+          "{1} 个相互独立的 E[q.k] 区间（每种分布一个；d = {2}，各 {3} 个样本；{4}）中有 {0} 个"
+          "包含 0；至少需要 {5} 个（Binomial({6}, 0.95)，水平 1e-3）",
+          c3_cov, c3_tot, d, n, dists, binomial_lower_bound(c3_tot, 0.95, 1e-3), c3_tot),
       verdict_coverage(c3_cov, c3_tot),
-      "Each step holds for every zero-mean distribution tried, not only the normal. " + steps));
+      pick(lang, "Each step holds for every zero-mean distribution tried, not only the normal. ",
+           "每一步对所试的每种零均值分布都成立，不只是正态分布。") +
+          steps));
   const Verdict v4 = verdict_coverage(c4_cov, c4_tot);
   claims.push_back(make_claim(
-      "C4", options.lang,
-      "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = 1; E[q_i k_i q_j k_j] = 0 for i != j; so "
-      "E[(q.k)^2] = Var(q.k) = d.",
-      fmt::format("{} of {} independent intervals of Var(q.k) (fourth-moment based, one per "
-                  "distribution) contain d; at least {} needed",
-                  c4_cov, c4_tot, binomial_lower_bound(c4_tot, 0.95, 1e-3)),
+      "C4", lang,
+      pick(lang,
+           "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = 1; E[q_i k_i q_j k_j] = 0 for i != j; so "
+           "E[(q.k)^2] = Var(q.k) = d.",
+           "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = 1；i != j 时 E[q_i k_i q_j k_j] = 0；所以 "
+           "E[(q.k)^2] = Var(q.k) = d。"),
+      say(lang,
+          "{} of {} independent intervals of Var(q.k) (fourth-moment based, one per "
+          "distribution) contain d; at least {} needed",
+          "{1} 个相互独立的 Var(q.k) 区间（基于四阶矩，每种分布一个）中有 {0} 个包含 d；至少需要 "
+          "{2} 个",
+          c4_cov, c4_tot, binomial_lower_bound(c4_tot, 0.95, 1e-3)),
       v4,
-      "The square terms need only unit variance, the cross terms only independence and zero "
-      "mean: the fourth moment of the distribution (1 to 9 here) never enters Var(q.k). " +
+      pick(lang,
+           "The square terms need only unit variance, the cross terms only independence and zero "
+           "mean: the fourth moment of the distribution (1 to 9 here) never enters Var(q.k). ",
+           "平方项只需要单位方差，交叉项只需要独立和零均值：分布的四阶矩（这里从 1 到 9）从不"
+           "进入 Var(q.k)。") +
           steps));
   claims.push_back(make_claim(
-      "C5", options.lang, "Var(q.k) = 512 at d = 512.",
-      fmt::format("normal: Var(q.k) = {:.1f}, 99.9% interval [{:.1f}, {:.1f}] (level 1 - 1e-3, "
-                  "as the coverage counts)",
-                  normal_var.estimate, normal_var.low, normal_var.high),
+      "C5", lang, pick(lang, "Var(q.k) = 512 at d = 512.", "d = 512 时 Var(q.k) = 512。"),
+      say(lang,
+          "normal: Var(q.k) = {:.1f}, 99.9% interval [{:.1f}, {:.1f}] (level 1 - 1e-3, as the "
+          "coverage counts)",
+          "正态：Var(q.k) = {:.1f}，99.9% 区间 [{:.1f}, {:.1f}]（水平 1 - 1e-3，与覆盖计数相同）",
+          normal_var.estimate, normal_var.low, normal_var.high),
       verdict_interval(512.0, normal_var.low, normal_var.high),
-      "The standard deviation of the scores is sqrt(512) = 22.6."));
+      pick(lang, "The standard deviation of the scores is sqrt(512) = 22.6.",
+           "分数的标准差为 sqrt(512) = 22.6。")));
   claims.push_back(make_claim(
-      "C6", options.lang, "Var(q.k / sqrt(d)) = Var(q.k) / d = 1.",
-      fmt::format("a consequence of C4, not a second test: Var(cX) = c^2 Var(X) holds in the "
-                  "samples to {:.1e} (relative), so the verdict is C4's; {} of {} intervals of "
-                  "Var(q.k/sqrt(d)) contain 1 (C4's intervals divided by d)",
-                  identity_error, c6_cov, c6_tot),
+      "C6", lang,
+      pick(lang, "Var(q.k / sqrt(d)) = Var(q.k) / d = 1.",
+           "由方差的性质，Var(q.k / sqrt(d)) = Var(q.k) / d = 1。"),
+      say(lang,
+          "a consequence of C4, not a second test: Var(cX) = c^2 Var(X) holds in the samples to "
+          "{:.1e} (relative), so the verdict is C4's; {} of {} intervals of Var(q.k/sqrt(d)) "
+          "contain 1 (C4's intervals divided by d)",
+          "这是 C4 的推论，不是第二个检验：Var(cX) = c^2 Var(X) 在样本中成立到 "
+          "{0:.1e}（相对误差），"
+          "所以结论就是 C4 的；{2} 个 Var(q.k/sqrt(d)) 区间中有 {1} 个包含 1（即 C4 的区间除以 d）",
+          identity_error, c6_cov, c6_tot),
       verdict_consequence(v4, identity_error < 1e-12),
-      "Scaling by 1/sqrt(d) gives unit variance at d = 512 because Var(q.k) = d does."));
+      pick(lang, "Scaling by 1/sqrt(d) gives unit variance at d = 512 because Var(q.k) = d does.",
+           "在 d = 512 时，按 1/sqrt(d) 缩放得到单位方差，是因为 Var(q.k) = d。")));
   return result;
 }
 

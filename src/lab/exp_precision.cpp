@@ -24,6 +24,17 @@
 namespace sdpa::lab {
 namespace {
 
+// "float16: 1.2 bits scaled, 3.4 unscaled", after a separator unless it is the first clause.
+std::string bits_lost_clause(Lang lang, bool first, const char* name, double scaled,
+                             double unscaled) {
+  return say(lang, "{}{}: {:.1f} bits scaled, {:.1f} unscaled",
+             "{}{}：缩放时 {:.1f} 位，未缩放时 {:.1f} 位", first ? "" : clause_separator(lang),
+             name, scaled, unscaled);
+}
+
+}  // namespace
+namespace {
+
 constexpr Format kFormats[] = {kFloat16, kBFloat16, kFloat32};
 constexpr int kBitsD = 512;
 constexpr int kN = 1024;
@@ -188,8 +199,7 @@ json run_precision(const LabOptions& options) {
       bits_lost_bf16 = lost;
       bits_theory_bf16 = std::log2(sig_rms[1] / sig_rms[0]);
     }
-    bits_text += fmt::format("{}{}: {:.1f} bits scaled, {:.1f} unscaled",
-                             bits_text.empty() ? "" : "; ", f.name, bits[0], bits[1]);
+    bits_text += bits_lost_clause(options.lang, bits_text.empty(), f.name, bits[0], bits[1]);
   }
   result["tables"]["precision"] = precision;
 
@@ -276,8 +286,7 @@ json run_precision(const LabOptions& options) {
       if (d == kBitsD && std::string(path.name) == "bfloat16 fast")
         pipe_bits_lost = bits[0] - bits[1];
       if (d == kBitsD) {
-        pipe_text += fmt::format("{}{}: {:.1f} bits scaled, {:.1f} unscaled",
-                                 pipe_text.empty() ? "" : "; ", path.name, bits[0], bits[1]);
+        pipe_text += bits_lost_clause(options.lang, pipe_text.empty(), path.name, bits[0], bits[1]);
       }
     }
   }
@@ -286,36 +295,56 @@ json run_precision(const LabOptions& options) {
   // ---- claims -------------------------------------------------------------------------------
   const double ln_n = std::log(static_cast<double>(kN));
   auto& claims = result["claims"];
+  const Lang lang = options.lang;
   claims.push_back(make_claim(
-      "C2", options.lang,
-      fmt::format(
-          "the naive exp(x)/sum(exp(x)) overflows once the row max passes ln(max float): "
-          "11.09 in float16, 88.72 in bfloat16 and float32; unscaled scores of N = {} keys "
-          "reach about sqrt(2 d ln N), so from d = {:.0f} (float16) and d = {:.0f} (float32)",
+      "C2", lang,
+      say(lang,
+          "the naive exp(x)/sum(exp(x)) overflows once the row max passes ln(max float): 11.09 in "
+          "float16, 88.72 in bfloat16 and float32; unscaled scores of N = {} keys reach about "
+          "sqrt(2 d ln N), so from d = {:.0f} (float16) and d = {:.0f} (float32)",
+          "行最大值一旦超过 ln(max float)，朴素的 exp(x)/sum(exp(x)) 就会溢出：float16 为 11.09，"
+          "bfloat16 和 float32 为 88.72；N = {} 个键时，未缩放的分数大约达到 sqrt(2 d ln N)，"
+          "所以从 d = {:.0f}（float16）和 d = {:.0f}（float32）起溢出",
           kN, 11.09 * 11.09 / (2 * ln_n), 88.72 * 88.72 / (2 * ln_n)),
-      fmt::format("float16, unscaled, d = 512: NaN in {:.0f}% of rows; scaled logits: NaN in at "
-                  "most {:.0f}% of rows of any format and d; the library's stable softmax: {}",
-                  100 * nan_fp16_unscaled_512, 100 * nan_scaled_max,
-                  stable_finite ? "always finite" : "NOT finite"),
-      verdict_stable_vs_naive(stable_finite, nan_fp16_unscaled_512),
-      "The naive_nan table gives the NaN fraction for every format, scale and d."));
+      say(lang,
+          "float16, unscaled, d = 512: NaN in {:.0f}% of rows; scaled logits: NaN in at most "
+          "{:.0f}% of rows of any format and d; the library's stable softmax: {}",
+          "float16、未缩放、d = 512：{:.0f}% 的行为 NaN；缩放后的 logits：任何格式和 d 下至多 "
+          "{:.0f}% 的行为 NaN；本库的稳定 softmax：{}",
+          100 * nan_fp16_unscaled_512, 100 * nan_scaled_max,
+          stable_finite ? pick(lang, "always finite", "始终有限")
+                        : pick(lang, "NOT finite", "出现了非有限值")),
+      verdict_stable_vs_naive(stable_finite, nan_fp16_unscaled_512, lang),
+      pick(lang, "The naive_nan table gives the NaN fraction for every format, scale and d.",
+           "naive_nan 表给出了每种格式、缩放和 d 下的 NaN 比例。")));
   claims.push_back(make_claim(
-      "C7", options.lang,
-      fmt::format("rounding a logit z to p bits moves each probability by about |z| 2^-p "
-                  "relatively; unscaled logits are sqrt(d) larger ({:.1f} bits at d = {}), and "
-                  "their significant probabilities sit at the row maximum, about 3 standard "
-                  "deviations out, so more is lost",
-                  0.5 * std::log2(static_cast<double>(kBitsD)), kBitsD),
-      fmt::format("rms relative error of the significant probabilities (p >= 1e-3 max): {}; "
-                  "bfloat16 loses {:.2f} bits unscaled (predicted from the logits' sizes: {:.2f})",
-                  bits_text, bits_lost_bf16, bits_theory_bf16),
+      "C7", lang,
+      say(lang,
+          "rounding a logit z to p bits moves each probability by about |z| 2^-p relatively; "
+          "unscaled logits are sqrt(d) larger ({:.1f} bits at d = {}), and their significant "
+          "probabilities sit at the row maximum, about 3 standard deviations out, so more is lost",
+          "把 logit z 舍入到 p 位，每个概率大约相对移动 |z| 2^-p；未缩放的 logits 大 sqrt(d) 倍"
+          "（d = {1} 时为 {0:.1f} 位），而它们的显著概率位于行最大值处，约在 3 个标准差之外，"
+          "所以损失更多",
+          0.5 * std::log2(static_cast<double>(kBitsD)), kBitsD),
+      say(lang,
+          "rms relative error of the significant probabilities (p >= 1e-3 max): {}; bfloat16 "
+          "loses {:.2f} bits unscaled (predicted from the logits' sizes: {:.2f})",
+          "显著概率（p >= 1e-3 max）的均方根相对误差：{}；bfloat16 未缩放时损失 {:.2f} 位"
+          "（由 logits 的大小预测：{:.2f}）",
+          bits_text, bits_lost_bf16, bits_theory_bf16),
       verdict_precision(bits_lost_bf16, nan_fp16_unscaled_512, nan_scaled_max),
-      fmt::format("Scaling keeps the softmax input in the range where low-precision formats are "
-                  "accurate and where exp cannot overflow. As pipelines run it (table pipeline: "
-                  "bfloat16 Q, K, V through sdpa::attention_forward, float32 accumulation, the "
-                  "output rounded to bfloat16), d = {}: the output keeps {}; unscaled attention "
-                  "loses {:.1f} bits on the fused kernel (no verdict rests on this table).",
-                  kBitsD, pipe_text, pipe_bits_lost)));
+      say(lang,
+          "Scaling keeps the softmax input in the range where low-precision formats are accurate "
+          "and where exp cannot overflow. As pipelines run it (table pipeline: bfloat16 Q, K, V "
+          "through sdpa::attention_forward, float32 accumulation, the output rounded to "
+          "bfloat16), d = {}: the output keeps {}; unscaled attention loses {:.1f} bits on the "
+          "fused kernel (no verdict rests on this table).",
+          "缩放让 softmax 的输入留在低精度格式准确、exp 不会溢出的范围内。按实际流水线运行时"
+          "（pipeline 表：bfloat16 的 Q、K、V 经过 sdpa::attention_forward，float32 累加，输出"
+          "舍入为 bfloat16），d = {}：输出保留 {}；未缩放的注意力在融合内核上损失 {:.1f} 位"
+          "（没有结论依赖此表）。",
+          kBitsD, pipe_text, pipe_bits_lost)));
   return result;
 }
 

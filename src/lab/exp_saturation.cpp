@@ -22,6 +22,13 @@
 namespace sdpa::lab {
 namespace {
 
+// A cell's verdict ("holds", "fails", "undecided") in the claim's sentence; the table keeps the
+// English word.
+std::string cell_word(const std::string& verdict, Lang lang) {
+  if (lang == Lang::en) return verdict;
+  return verdict == "holds" ? "成立" : verdict == "fails" ? "不成立" : "无法判断";
+}
+
 // From d = 1 so that the freezing boundary d = 2 ln N (5.5 to 18) crosses the grid.
 constexpr int kDs[] = {1, 4, 8, 16, 32, 64, 256, 1024};
 // The largest cell (d = 1024, N = 8192) costs half the grid: quick mode stops at N = 4096.
@@ -270,14 +277,20 @@ json run_saturation(const LabOptions& options) {
                         {"mean_ratio", num(cell.mean_ratio)},
                         {"verdict", cv}});
       if (n == 128 && (d == 64 || d == 1024)) {
-        cell_text += fmt::format(
+        cell_text += say(
+            options.lang,
             "{}d = {}, N = {}: median |dQ| unscaled / scaled {:.3g} [{:.3g}, {:.3g}], mean ratio "
             "{:.3g}, unscaled dead {:.1f}% [{:.1f}, {:.1f}] (top-two-gap prediction {:.1f}%), "
             "scaled dead {:.1f}% (upper {:.1f}%), unscaled max prob {:.3f}: {}",
-            cell_text.empty() ? "" : "; ", d, n, ratio(0).estimate, ratio(0).low, ratio(0).high,
-            cell.mean_ratio, 100 * at(0, 1).estimate, 100 * at(0, 1).low, 100 * at(0, 1).high,
+            "{}d = {}，N = {}：|dQ| 中位数之比（未缩放/缩放）{:.3g} [{:.3g}, {:.3g}]，均值之比 "
+            "{:.3g}，未缩放时死亡 {:.1f}% [{:.1f}, {:.1f}]（由最大两个 logits 的间隔预测 "
+            "{:.1f}%），"
+            "缩放时死亡 {:.1f}%（上界 {:.1f}%），未缩放时最大概率 {:.3f}：{}",
+            cell_text.empty() ? "" : clause_separator(options.lang), d, n, ratio(0).estimate,
+            ratio(0).low, ratio(0).high, cell.mean_ratio, 100 * at(0, 1).estimate,
+            100 * at(0, 1).low, 100 * at(0, 1).high,
             100 * predicted_dead_fraction(1.0, d, n, dead_q), 100 * at(kReference, 1).estimate,
-            100 * at(kReference, 1).high, at(0, 2).estimate, cv);
+            100 * at(kReference, 1).high, at(0, 2).estimate, cell_word(cv, options.lang));
       }
       progress.advance();
     }
@@ -329,12 +342,16 @@ json run_saturation(const LabOptions& options) {
                         {"first_parted_d", first_parted[ni] < 0 ? json() : json(first_parted[ni])},
                         {"liquid_max_error", liquid_count[ni] ? json(liquid_err[ni]) : json()},
                         {"frozen_max_error", frozen_count[ni] ? json(frozen_err[ni]) : json()}});
-    freeze_text += fmt::format(
+    freeze_text += say(
+        options.lang,
         "{}N = {}: crossover (Var Z/(EZ)^2 = 1) at s = {:.2f}, annealed line parted by 10% of ln N "
         "at s = {}, freezing at s = {:.2f} (d = {:.1f}); largest |measured - theory| {} nats on "
         "the liquid side, {} nats deep on the frozen side (s >= 1.5 s_c, against "
         "Poisson-Dirichlet)",
-        freeze_text.empty() ? "" : "; ", kNs[ni], rem_crossover_s(n),
+        "{}N = {}：交叉点（Var Z/(EZ)^2 = 1）在 s = {:.2f}，退火线在 s = {} 处偏离 ln N 的 10%，"
+        "冻结点 s = {:.2f}（d = {:.1f}）；|测量 - 理论| 的最大值在液相一侧为 {} nats，在冻结相深处"
+        "（s >= 1.5 s_c，对照 Poisson-Dirichlet）为 {} nats",
+        freeze_text.empty() ? "" : clause_separator(options.lang), kNs[ni], rem_crossover_s(n),
         parted_s[ni] < 0 ? std::string("-") : fmt::format("{:g}", parted_s[ni]), std::sqrt(fd), fd,
         liquid_count[ni] ? fmt::format("{:.2f}", liquid_err[ni]) : "-",
         frozen_count[ni] ? fmt::format("{:.2f}", frozen_err[ni]) : "-");
@@ -354,9 +371,10 @@ json run_saturation(const LabOptions& options) {
     if (row["sigma"] != 4.0 || row["d"] != alt_d || row["method"] == "1") {
       continue;
     }
-    alt_text += fmt::format("{}{} std {:.3g}, max prob {:.2f}", alt_text.empty() ? "" : "; ",
-                            row["method"].get<std::string>(), row["logit_std"].get<double>(),
-                            row["max_prob"].get<double>());
+    alt_text += say(
+        options.lang, "{}{} std {:.3g}, max prob {:.2f}", "{}{}：标准差 {:.3g}，最大概率 {:.2f}",
+        alt_text.empty() ? "" : clause_separator(options.lang), row["method"].get<std::string>(),
+        row["logit_std"].get<double>(), row["max_prob"].get<double>());
   }
 
   int holds = 0, fails = 0, undecided = 0;
@@ -366,30 +384,53 @@ json run_saturation(const LabOptions& options) {
     fails += v == "fails";
     undecided += v == "undecided";
   }
+  const Lang lang = options.lang;
   result["claims"].push_back(make_claim(
-      "C7", options.lang,
-      "Scores of standard deviation s over N keys: entropy ln N - s^2/2 while (e^{s^2} - 1)/N << 1 "
-      "(random energy model), Poisson-Dirichlet weights with entropy psi(1) - psi(1 - s_c/s) "
-      "past s_c = sqrt(2 ln N). Unscaled, s = sqrt(d): frozen once d > 2 ln N (5.5 at N = 16, "
-      "18 at N = 8192); scaled, s = 1: never. In a frozen row the top two logits lie about "
-      "s Exp/sqrt(2 ln N) apart, so a fraction exp(-t* a_N/sqrt(d)) of rows keeps a gradient "
-      "below the dead threshold (t* = ln(gradient scale / threshold)).",
-      fmt::format("{} (d, N) cells, {} query rows each from {} K/V draws, 95% bootstrap "
-                  "intervals over rows: holds in {}, fails in {}, undecided in {} (d = 1, where "
-                  "the scales coincide, not counted). {}",
-                  cells.size(), rows, draws, holds, fails, undecided, cell_text),
-      verdict_saturation_region(cells),
-      "A cell holds when the unscaled median |dQ| is below the scaled one (the ratio's interval "
-      "below 1), significantly more unscaled rows are dead, and at most 1% of scaled rows are "
-      "(upper bound); dead = below 1e-3 x the uniform-attention |dQ| at 1/sqrt(d), "
-      "sqrt(d(N-1))/N. Entropy of N Gaussian logits against the theory: " +
+      "C7", lang,
+      pick(
+          lang,
+          "Scores of standard deviation s over N keys: entropy ln N - s^2/2 while (e^{s^2} - "
+          "1)/N << 1 (random energy model), Poisson-Dirichlet weights with entropy psi(1) - "
+          "psi(1 - s_c/s) past s_c = sqrt(2 ln N). Unscaled, s = sqrt(d): frozen once d > 2 ln N "
+          "(5.5 at N = 16, 18 at N = 8192); scaled, s = 1: never. In a frozen row the top two "
+          "logits lie about s Exp/sqrt(2 ln N) apart, so a fraction exp(-t* a_N/sqrt(d)) of rows "
+          "keeps a gradient below the dead threshold (t* = ln(gradient scale / threshold)).",
+          "N 个键、标准差为 s 的分数：当 (e^{s^2} - 1)/N << 1 时熵为 ln N - s^2/2（随机能量模型），"
+          "超过 s_c = sqrt(2 ln N) 后权重服从 Poisson-Dirichlet 分布，熵为 psi(1) - "
+          "psi(1 - s_c/s)。未缩放时 s = sqrt(d)：一旦 d > 2 ln N 就冻结（N = 16 时为 5.5，"
+          "N = 8192 时为 18）；缩放后 s = 1：永不冻结。在冻结的行中，最大的两个 logits 相距约 "
+          "s Exp/sqrt(2 ln N)，因此有 exp(-t* a_N/sqrt(d)) 比例的行梯度低于死亡阈值"
+          "（t* = ln(梯度尺度 / 阈值)）。"),
+      say(lang,
+          "{} (d, N) cells, {} query rows each from {} K/V draws, 95% bootstrap intervals over "
+          "rows: holds in {}, fails in {}, undecided in {} (d = 1, where the scales coincide, not "
+          "counted). {}",
+          "{} 个 (d, N) 单元，每个单元 {} 个查询行，来自 {} 次 K/V 抽样，按行的 95% bootstrap "
+          "区间：{} 个成立，{} 个不成立，{} 个无法判断（d = 1 时两种缩放相同，不计入）。{}",
+          cells.size(), rows, draws, holds, fails, undecided, cell_text),
+      verdict_saturation_region(cells, lang),
+      pick(lang,
+           "A cell holds when the unscaled median |dQ| is below the scaled one (the ratio's "
+           "interval below 1), significantly more unscaled rows are dead, and at most 1% of "
+           "scaled rows are (upper bound); dead = below 1e-3 x the uniform-attention |dQ| at "
+           "1/sqrt(d), sqrt(d(N-1))/N. Entropy of N Gaussian logits against the theory: ",
+           "一个单元成立，当且仅当未缩放的 |dQ| 中位数低于缩放的（比值的区间低于 1）、未缩放时"
+           "死亡的行显著更多、且缩放时至多 1% 的行死亡（上界）；死亡 = 低于 1/sqrt(d) 下均匀注意力"
+           "的 |dQ|（sqrt(d(N-1))/N）的 1e-3 倍。N 个高斯 logits 的熵与理论对比：") +
           freeze_text +
-          ". The mean gradient misleads: unscaled, most rows die while near-tied rows "
-          "explode. " +
-          fmt::format("1/sqrt(d) assumes unit-variance q and k; with both grown 4x (d = {}, "
-                      "N = 1024, table alternatives): ",
-                      alt_d) +
-          alt_text + ". Only QK-norm keeps the logits at std 1 whatever their size."));
+          pick(lang,
+               ". The mean gradient misleads: unscaled, most rows die while near-tied rows "
+               "explode. ",
+               "。平均梯度会误导人：未缩放时大多数行死亡，而几乎并列的行梯度爆炸。") +
+          say(lang,
+              "1/sqrt(d) assumes unit-variance q and k; with both grown 4x (d = {}, N = 1024, "
+              "table alternatives): ",
+              "1/sqrt(d) 假定 q 和 k 为单位方差；两者都放大 4 倍时（d = {}，N = 1024，"
+              "alternatives 表）：",
+              alt_d) +
+          alt_text +
+          pick(lang, ". Only QK-norm keeps the logits at std 1 whatever their size.",
+               "。只有 QK-norm 能让 logits 无论 q、k 多大都保持标准差 1。")));
   return result;
 }
 

@@ -170,33 +170,55 @@ json run_softmax(const LabOptions& options) {
 
   // ---- claims -----------------------------------------------------------------------------
   auto& claims = result["claims"];
+  const Lang lang = options.lang;
   claims.push_back(make_claim(
-      "C1", options.lang,
-      "softmax(c x) tends to one-hot as c grows (entropy -> 0) and to uniform as c -> 0 "
-      "(entropy -> ln N); the Jacobian diag(p) - p p^T vanishes at the one-hot end and, at the "
-      "uniform end, is (I - 11^T/N)/N: alive, but the same for every input.",
-      fmt::format("[1000, 10, 5]: max prob {:.6g} at c = {:g}, normalized entropy {:.6g} at c = "
-                  "{:g}; 64 normal logits: max prob {:.4g}, normalized entropy {:.6g}",
-                  article_maxp_large, cs.back(), article_h_small, cs.front(), normal_maxp_large,
-                  normal_h_small),
+      "C1", lang,
+      pick(lang,
+           "softmax(c x) tends to one-hot as c grows (entropy -> 0) and to uniform as c -> 0 "
+           "(entropy -> ln N); the Jacobian diag(p) - p p^T vanishes at the one-hot end and, at "
+           "the uniform end, is (I - 11^T/N)/N: alive, but the same for every input.",
+           "softmax(c x) 随 c 增大趋于 one-hot（熵 -> 0），随 c -> 0 趋于均匀分布（熵 -> ln N）；"
+           "雅可比矩阵 diag(p) - p p^T 在 one-hot 一端消失，在均匀一端等于 (I - 11^T/N)/N："
+           "梯度仍在，但对每个输入都一样。"),
+      say(lang,
+          "[1000, 10, 5]: max prob {:.6g} at c = {:g}, normalized entropy {:.6g} at c = {:g}; 64 "
+          "normal logits: max prob {:.4g}, normalized entropy {:.6g}",
+          "[1000, 10, 5]：最大概率 {:.6g}（c = {:g}），归一化熵 {:.6g}（c = {:g}）；64 个正态 "
+          "logits：最大概率 {:.4g}，归一化熵 {:.6g}",
+          article_maxp_large, cs.back(), article_h_small, cs.front(), normal_maxp_large,
+          normal_h_small),
       verdict_sensitivity(article_maxp_large, article_h_small),
-      "The sweep table shows the entropy falling from ln N to 0 as c grows over six decades; "
-      "the Jacobian norm peaks in between."));
+      pick(lang,
+           "The sweep table shows the entropy falling from ln N to 0 as c grows over six decades; "
+           "the Jacobian norm peaks in between.",
+           "sweep 表显示：c 在六个数量级上增大时，熵从 ln N 降到 0；雅可比矩阵的范数在两端之间"
+           "达到峰值。")));
+  const std::string naive_p0 = naive_nan ? std::string("NaN") : pick(lang, "finite", "有限值");
   claims.push_back(make_claim(
-      "C2", options.lang,
-      "stable softmax: p = [1, e^-990, e^-995] exactly representable only in log space; "
-      "J = diag(p) - p p^T has every entry of order e^-990 ~ 1e-430.",
-      fmt::format("p = [{:.17g}, {:.17g}, {:.17g}], log10 p = [{:.6g}, {:.6g}, {:.6g}]; log10 of "
-                  "the Jacobian row norms = [{:.6g}, {:.6g}, {:.6g}]; naive exp(x)/sum: p0 = {} in "
-                  "float16, bfloat16, float32 and float64",
-                  p[0], p[1], p[2], logp[0] / kLn10, logp[1] / kLn10, logp[2] / kLn10,
-                  row_norm_log10[0], row_norm_log10[1], row_norm_log10[2],
-                  naive_nan ? "NaN" : "finite"),
-      verdict_article_row(stable_finite, p[0], worst_nonmax, naive_nan),
-      fmt::format("No gradient reaches any position, the maximal one included (its row norm is "
-                  "10^{:.1f} too): a saturated softmax passes nothing back. exp overflows past "
-                  "11.09 (float16), 88.72 (float32, bfloat16), 709.78 (float64).",
-                  row_norm_log10[0])));
+      "C2", lang,
+      pick(lang,
+           "stable softmax: p = [1, e^-990, e^-995] exactly representable only in log space; "
+           "J = diag(p) - p p^T has every entry of order e^-990 ~ 1e-430.",
+           "稳定的 softmax：p = [1, e^-990, e^-995] 只有在对数空间里才能精确表示；"
+           "J = diag(p) - p p^T 的每个元素都在 e^-990 ~ 1e-430 量级。"),
+      say(lang,
+          "p = [{:.17g}, {:.17g}, {:.17g}], log10 p = [{:.6g}, {:.6g}, {:.6g}]; log10 of the "
+          "Jacobian row norms = [{:.6g}, {:.6g}, {:.6g}]; naive exp(x)/sum: p0 = {} in float16, "
+          "bfloat16, float32 and float64",
+          "p = [{:.17g}, {:.17g}, {:.17g}]，log10 p = [{:.6g}, {:.6g}, {:.6g}]；雅可比矩阵各行"
+          "范数的 log10 = [{:.6g}, {:.6g}, {:.6g}]；朴素的 exp(x)/sum：在 float16、bfloat16、"
+          "float32 和 float64 中 p0 = {}",
+          p[0], p[1], p[2], logp[0] / kLn10, logp[1] / kLn10, logp[2] / kLn10, row_norm_log10[0],
+          row_norm_log10[1], row_norm_log10[2], naive_p0),
+      verdict_article_row(stable_finite, p[0], worst_nonmax, naive_nan, lang),
+      say(lang,
+          "No gradient reaches any position, the maximal one included (its row norm is 10^{:.1f} "
+          "too): a saturated softmax passes nothing back. exp overflows past 11.09 (float16), "
+          "88.72 (float32, bfloat16), 709.78 (float64).",
+          "没有梯度能到达任何位置，最大的那个也不例外（它的行范数同样只有 10^{:.1f}）：饱和的 "
+          "softmax 什么也传不回去。exp 在超过 11.09（float16）、88.72（float32、bfloat16）、"
+          "709.78（float64）后溢出。",
+          row_norm_log10[0])));
   return result;
 }
 

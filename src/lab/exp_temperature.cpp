@@ -92,35 +92,55 @@ json run_temperature(const LabOptions& options) {
     const NormStats atu = norm_stats(res[cu].grad_q, dead_q);
     v1 = verdict_sensitivity(maxp_large, h_small);
     v7 = verdict_temperature(at1.dead, at1.p99 / at1.median, atu.dead, atu.p99 / atu.median);
-    claim1_measure = fmt::format(
-        "d = {}, N = {}: median max prob {:.4f} at c = {:g}; normalized entropy {:.5f} at c = "
-        "{:g}; "
-        "output diversity {:.2e} at c = {:g} against {:.3f} at c = 1",
-        d, n, maxp_large, cs.back(), h_small, cs.front(), res.front().output_diversity, cs.front(),
-        res[c1].output_diversity);
-    claim7_measure = fmt::format(
+    claim1_measure =
+        say(options.lang,
+            "d = {}, N = {}: median max prob {:.4f} at c = {:g}; normalized entropy {:.5f} at c = "
+            "{:g}; "
+            "output diversity {:.2e} at c = {:g} against {:.3f} at c = 1",
+            "d = {}，N = {}：最大概率的中位数 {:.4f}（c = {:g}）；归一化熵 {:.5f}（c = {:g}）；"
+            "输出多样性 {:.2e}（c = {:g}），c = 1 时为 {:.3f}",
+            d, n, maxp_large, cs.back(), h_small, cs.front(), res.front().output_diversity,
+            cs.front(), res[c1].output_diversity);
+    claim7_measure = say(
+        options.lang,
         "d = {}, N = {}: at c = 1, {:.1f}% of rows' dQ dead, p99/median {:.2f}; at c = {:.3g} "
         "(~sqrt(d), unscaled), {:.1f}% dead, p99/median {:.1f}. Median |dQ| peaks at c = {:.3g} "
         "({:.3g}; at c = 1: {:.3g}); the gradient on the logits peaks at c = {:.3g}",
+        "d = {}，N = {}：c = 1 时 {:.1f}% 的行 dQ 死亡，p99/中位数 {:.2f}；c = {:.3g}（约 sqrt(d)，"
+        "即未缩放）时 {:.1f}% 死亡，p99/中位数 {:.1f}。|dQ| 的中位数在 c = {:.3g} 处达到峰值"
+        "（{:.3g}；c = 1 时为 {:.3g}）；logits 上的梯度在 c = {:.3g} 处达到峰值",
         d, n, 100 * at1.dead, at1.p99 / at1.median, cs[cu], 100 * atu.dead, atu.p99 / atu.median,
         c_peak, peak, grad_c1, c_s_peak);
   }
   result["tables"]["temperature"] = table;
   auto& claims = result["claims"];
+  const Lang lang = options.lang;
   claims.push_back(make_claim(
-      "C1", options.lang,
-      "c -> 0: uniform attention (entropy ln N), every query gets the mean of V; c -> inf: "
-      "one-hot.",
+      "C1", lang,
+      pick(lang,
+           "c -> 0: uniform attention (entropy ln N), every query gets the mean of V; c -> inf: "
+           "one-hot.",
+           "c -> 0：均匀注意力（熵 ln N），每个查询得到 V 的均值；c -> inf：one-hot。"),
       claim1_measure, v1,
-      "Too small a scale keeps the gradient alive on the logits but the output no longer depends "
-      "on the query (output diversity -> 0): no preference is left to learn from."));
+      pick(lang,
+           "Too small a scale keeps the gradient alive on the logits but the output no longer "
+           "depends on the query (output diversity -> 0): no preference is left to learn from.",
+           "缩放太小时，logits 上的梯度仍然存在，但输出不再依赖于查询（输出多样性 -> 0）："
+           "已经没有可供学习的偏好了。")));
   claims.push_back(make_claim(
-      "C7", options.lang,
-      "dQ = scale * dS K: it grows with the scale while softmax is soft, and dies once it "
-      "saturates; the useful scales lie in between.",
+      "C7", lang,
+      pick(lang,
+           "dQ = scale * dS K: it grows with the scale while softmax is soft, and dies once it "
+           "saturates; the useful scales lie in between.",
+           "dQ = scale * dS K：softmax 还软的时候，它随缩放增大；一旦饱和，它就消失；有用的缩放"
+           "位于两者之间。"),
       claim7_measure, v7,
-      "Stable means few dead rows and a short tail. The largest median gradient is not at c = 1 "
-      "but where softmax starts to sharpen: 1/sqrt(d) sits on the soft side of the useful range."));
+      pick(lang,
+           "Stable means few dead rows and a short tail. The largest median gradient is not at "
+           "c = 1 but where softmax starts to sharpen: 1/sqrt(d) sits on the soft side of the "
+           "useful range.",
+           "稳定意味着死亡的行少、尾部短。最大的梯度中位数不在 c = 1，而在 softmax 开始变尖锐的"
+           "地方：1/sqrt(d) 位于有用范围偏软的一侧。")));
   return result;
 }
 

@@ -221,59 +221,90 @@ json run_variance(const LabOptions& options) {
     if (d == kNonIidD[std::size(kNonIidD) - 1]) {
       const std::string label = fmt::format("{} {:g} (d = {})", c.name, c.parameter, d);
       departures.push_back({label, ratio, wr.contains(th.within)});
-      if (!noniid_evidence.empty()) noniid_evidence += "; ";
-      noniid_evidence += fmt::format(
-          "{}: Var {:.4g} (theory {:.4g}), within-row {:.4g} "
-          "(theory {:.4g})",
-          label, v.estimate, th.variance, wr.estimate, th.within);
+      if (!noniid_evidence.empty()) noniid_evidence += clause_separator(options.lang);
+      noniid_evidence +=
+          say(options.lang, "{}: Var {:.4g} (theory {:.4g}), within-row {:.4g} (theory {:.4g})",
+              "{}：Var {:.4g}（理论 {:.4g}），行内 {:.4g}（理论 {:.4g}）", label, v.estimate,
+              th.variance, wr.estimate, th.within);
     }
   }
   result["tables"]["variance_noniid"] = noniid;
 
   // ---- claims -----------------------------------------------------------------------------
   auto& claims = result["claims"];
+  const Lang lang = options.lang;
   claims.push_back(make_claim(
-      "C3", options.lang, "E[q.k] = 0 for independent zero-mean components, any d.",
-      fmt::format("{} of {} mean intervals contain 0 (5 distributions x d = 1..4096, {} samples "
-                  "each)",
-                  mean_cov, n_rows, n),
+      "C3", lang,
+      pick(lang, "E[q.k] = 0 for independent zero-mean components, any d.",
+           "各分量相互独立、均值为零时，对任意 d 都有 E[q.k] = 0。"),
+      say(lang,
+          "{} of {} mean intervals contain 0 (5 distributions x d = 1..4096, {} samples each)",
+          "{1} 个均值区间中有 {0} 个包含 0（5 种分布 × d = 1..4096，各 {2} 个样本）", mean_cov,
+          n_rows, n),
       verdict_coverage(mean_cov, n_rows),
-      "A 95% interval should miss about 1 time in 20; the verdict fails only if the misses are "
-      "more than a Binomial(n, 0.95) allows at level 1e-3."));
+      pick(lang,
+           "A 95% interval should miss about 1 time in 20; the verdict fails only if the misses "
+           "are more than a Binomial(n, 0.95) allows at level 1e-3.",
+           "95% 区间大约每 20 次错过 1 次；只有错过的次数多于 Binomial(n, 0.95) 在水平 1e-3 下"
+           "所允许的次数时，结论才是不成立。")));
   claims.push_back(make_claim(
-      "C4", options.lang,
-      "Var(q.k) = d for independent components of mean 0 and variance 1 (any distribution); "
-      "relaxed: mean m_q in q: d(1 + m_q^2); mean in k: the same in total but d within a row; "
-      "correlation rho between q_i and k_i: d(1 + rho^2), within a row d(1 - rho^2); "
-      "correlation r across dimensions: d(1 - r^2) + r^2 d^2.",
-      fmt::format("{} of {} variance intervals (fourth-moment based, each from its own samples) "
-                  "contain d (at least {} needed); pooled log-log slope of Var against d {:.4f}, "
-                  "95% interval [{:.4f}, {:.4f}] (theory 1). Relaxed, at d = 1024: {}",
-                  var_cov, n_rows, binomial_lower_bound(n_rows, 0.95, 1e-3), pooled.estimate,
-                  pooled.low, pooled.high, noniid_evidence),
-      verdict_variance(var_cov, n_rows, departures, pooled.contains(1.0)),
-      "What softmax sees is the within-row variance: a mean in k shifts every score of a row "
-      "alike and cancels; a mean in q or correlation across dimensions does not, and the latter "
-      "grows like d^2."));
-  claims.push_back(
-      make_claim("C5", options.lang, "Var(q.k) = 512 at d = 512 (normal components).",
-                 fmt::format("Var(q.k) = {:.1f}, 99.9% interval [{:.1f}, {:.1f}] ({} samples; "
-                             "level 1 - 1e-3, as the coverage counts)",
-                             c5.estimate, c5.low, c5.high, n),
-                 verdict_interval(512.0, c5.low, c5.high), "Standard deviation sqrt(512) = 22.6."));
+      "C4", lang,
+      pick(lang,
+           "Var(q.k) = d for independent components of mean 0 and variance 1 (any distribution); "
+           "relaxed: mean m_q in q: d(1 + m_q^2); mean in k: the same in total but d within a "
+           "row; correlation rho between q_i and k_i: d(1 + rho^2), within a row d(1 - rho^2); "
+           "correlation r across dimensions: d(1 - r^2) + r^2 d^2.",
+           "分量相互独立、均值 0、方差 1 时（任何分布），Var(q.k) = d；放宽条件：q 的均值为 "
+           "m_q：d(1 + m_q^2)；k 有均值：总方差相同，但行内为 d；q_i 与 k_i 的相关系数为 rho："
+           "d(1 + rho^2)，行内 d(1 - rho^2)；各维之间的相关系数为 r：d(1 - r^2) + r^2 d^2。"),
+      say(lang,
+          "{} of {} variance intervals (fourth-moment based, each from its own samples) contain "
+          "d (at least {} needed); pooled log-log slope of Var against d {:.4f}, 95% interval "
+          "[{:.4f}, {:.4f}] (theory 1). Relaxed, at d = 1024: {}",
+          "{1} 个方差区间（基于四阶矩，各用自己的样本）中有 {0} 个包含 d（至少需要 {2} 个）；"
+          "Var 对 d 的合并双对数斜率 {3:.4f}，95% 区间 [{4:.4f}, {5:.4f}]（理论值 1）。"
+          "放宽条件，d = 1024：{6}",
+          var_cov, n_rows, binomial_lower_bound(n_rows, 0.95, 1e-3), pooled.estimate, pooled.low,
+          pooled.high, noniid_evidence),
+      verdict_variance(var_cov, n_rows, departures, pooled.contains(1.0), lang),
+      pick(lang,
+           "What softmax sees is the within-row variance: a mean in k shifts every score of a row "
+           "alike and cancels; a mean in q or correlation across dimensions does not, and the "
+           "latter grows like d^2.",
+           "softmax 看到的是行内方差：k 的均值让一行中的每个分数平移相同的量，因而抵消；q 的均值"
+           "或各维之间的相关性则不会抵消，后者按 d^2 增长。")));
   claims.push_back(make_claim(
-      "C6", options.lang, "Var(q.k / sqrt(d)) = 1 for every d.",
-      fmt::format("a consequence of C4, not a second test: the scaled variance is the variance "
-                  "divided by d (between {:.3f} and {:.3f} over all rows), so its intervals are "
-                  "C4's and the verdict is C4's",
-                  scaled_min, scaled_max),
+      "C5", lang,
+      pick(lang, "Var(q.k) = 512 at d = 512 (normal components).",
+           "d = 512 时 Var(q.k) = 512（正态分量）。"),
+      say(lang,
+          "Var(q.k) = {:.1f}, 99.9% interval [{:.1f}, {:.1f}] ({} samples; level 1 - 1e-3, as "
+          "the coverage counts)",
+          "Var(q.k) = {:.1f}，99.9% 区间 [{:.1f}, {:.1f}]（{} 个样本；水平 1 - 1e-3，与覆盖计数"
+          "相同）",
+          c5.estimate, c5.low, c5.high, n),
+      verdict_interval(512.0, c5.low, c5.high),
+      pick(lang, "Standard deviation sqrt(512) = 22.6.", "标准差 sqrt(512) = 22.6。")));
+  claims.push_back(make_claim(
+      "C6", lang,
+      pick(lang, "Var(q.k / sqrt(d)) = 1 for every d.", "对每个 d，Var(q.k / sqrt(d)) = 1。"),
+      say(lang,
+          "a consequence of C4, not a second test: the scaled variance is the variance divided "
+          "by d (between {:.3f} and {:.3f} over all rows), so its intervals are C4's and the "
+          "verdict is C4's",
+          "这是 C4 的推论，不是第二个检验：缩放后的方差就是方差除以 d（在所有行中介于 {:.3f} 与 "
+          "{:.3f} 之间），所以它的区间就是 C4 的区间，结论也是 C4 的",
+          scaled_min, scaled_max),
       verdict_consequence(claims[1]["verdict"] == "fails" ? Verdict::fails()
                           : claims[1]["verdict"] == "holds"
                               ? Verdict::holds()
                               : Verdict::holds_if(claims[1]["condition"].get<std::string>()),
                           true),
-      "Var(cX) = c^2 Var(X) is exact; what is measured is the premise Var(q.k) = d at every d. "
-      "Kurtosis of q.k: 3 + (k_q k_k - 3)/d for iid products (column kurtosis_theory)."));
+      pick(lang,
+           "Var(cX) = c^2 Var(X) is exact; what is measured is the premise Var(q.k) = d at every "
+           "d. Kurtosis of q.k: 3 + (k_q k_k - 3)/d for iid products (column kurtosis_theory).",
+           "Var(cX) = c^2 Var(X) 是精确的；真正测量的是前提：每个 d 下 Var(q.k) = d。q.k 的峰度："
+           "独立同分布的乘积为 3 + (k_q k_k - 3)/d（列 kurtosis_theory）。")));
   return result;
 }
 

@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "lab/schema.h"
+#include "lab/words.h"
 
 namespace sdpa::lab {
 
 using json = nlohmann::json;
 
 enum class Mode { quick, full };
-enum class Lang { en, zh };
 
 struct LabOptions {
   std::uint64_t seed = 1;

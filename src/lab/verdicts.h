@@ -2,11 +2,14 @@
 //
 // Each experiment reduces its tables to the few numbers below and asks these functions; the
 // tests (tests/lab/test_verdicts.cpp) show every verdict flips when its numbers do. The
-// thresholds are written next to each function with the reason for them.
+// thresholds are written next to each function with the reason for them. A condition is written
+// in the `lang` given (English by default).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "lab/words.h"
 
 namespace sdpa::lab {
 
@@ -39,12 +42,13 @@ Verdict verdict_sensitivity(double max_prob_at_large_scale, double normalized_en
 /// row norm of a non-maximal position is below 1e-100 (log10 < -100); "holds-if computed
 /// stably" when, on top of that, the naive formula gives NaN; fails otherwise.
 Verdict verdict_article_row(bool stable_finite, double p0, double log10_nonmax_gradient,
-                            bool naive_nan);
+                            bool naive_nan, Lang lang = Lang::en);
 
 /// C2 beyond the article's row: the stable (library) softmax never gives NaN; the naive one
 /// does on `naive_nan_fraction` of the rows. Holds-if "computed stably" when the naive one
 /// breaks, holds when neither does, fails when the stable one is not finite.
-Verdict verdict_stable_vs_naive(bool stable_all_finite, double naive_nan_fraction);
+Verdict verdict_stable_vs_naive(bool stable_all_finite, double naive_nan_fraction,
+                                Lang lang = Lang::en);
 
 /// C3 / C6: every estimate against its theory: holds when the coverage is consistent
 /// (coverage_consistent), fails otherwise.
@@ -69,7 +73,7 @@ struct Departure {
 /// holds otherwise. The departures are those the lab chose to try: the condition lists what was
 /// measured, not every way the assumptions can fail.
 Verdict verdict_variance(int covered, int total, const std::vector<Departure>& departures,
-                         bool slope_covers_one = true);
+                         bool slope_covers_one = true, Lang lang = Lang::en);
 
 /// A claim that follows from another by an identity (C6 from C4: Var(q.k/sqrt(d)) = Var(q.k)/d):
 /// not a second vote. It takes the premise's verdict when the identity holds in the samples
@@ -102,7 +106,7 @@ std::string verdict_c7_cell(const C7Cell& cell);
 /// otherwise, the condition naming the region per N (for example "N = 128: d >= 256") and the
 /// cells that fail; "per row, not on average" is added when a holding cell's mean ratio exceeds
 /// 1 (a few near-tied rows explode).
-Verdict verdict_saturation_region(const std::vector<C7Cell>& cells);
+Verdict verdict_saturation_region(const std::vector<C7Cell>& cells, Lang lang = Lang::en);
 
 /// C7 in the temperature sweep: "the gradient stays stable" read as a healthy distribution of
 /// per-row |dQ|: at c = 1 (the 1/sqrt(d) scale) at most 1% of rows dead (below 1e-3 of the

@@ -1,9 +1,11 @@
-// Every experiment in quick mode: the documented form (docs/lab.md), byte-identical output for
+// Every experiment in quick mode: the documented form (docs/lab.md), byte-identical tables for
 // 1 and 2 threads, verdicts that agree with the tables, and properties of the numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <regex>
 #include <set>
 #include <tuple>
 
@@ -17,13 +19,14 @@ namespace {
 
 // Each (experiment, threads, seed) runs once per test binary: several tests read the same result
 // (saturation alone is tens of seconds of CPU in quick mode).
-json run(const std::string& name, int threads, std::uint64_t seed = 1) {
-  static std::map<std::tuple<std::string, int, std::uint64_t>, json> cache;
-  const auto key = std::make_tuple(name, threads, seed);
+json run(const std::string& name, int threads, std::uint64_t seed = 1, Lang lang = Lang::en) {
+  static std::map<std::tuple<std::string, int, std::uint64_t, Lang>, json> cache;
+  const auto key = std::make_tuple(name, threads, seed, lang);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   LabOptions o;
   o.seed = seed;
   o.threads = threads;
+  o.lang = lang;
   json r = run_experiment(name, o);
   EXPECT_TRUE(r.contains("seconds") && r["seconds"].is_number()) << name;
   r.erase("seconds");
@@ -74,16 +77,54 @@ void check_form(const std::string& name, const json& r) {
 
 class Experiment : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Experiment, FormAndSameOutputForOneAndTwoThreads) {
+// The numbers written in a sentence, in order of appearance: "d = 512, 1e-3" -> 512, 1e-3.
+std::multiset<std::string> numbers_in(const std::string& text) {
+  static const std::regex number(R"([-+]?\d+(\.\d+)?(e[-+]?\d+)?)");
+  std::multiset<std::string> found;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    found.insert(it->str());
+  }
+  return found;
+}
+
+bool has_chinese(const std::string& text) {
+  // CJK Unified Ideographs, U+4E00..U+9FFF: UTF-8 lead bytes 0xE4..0xE9.
+  return std::any_of(text.begin(), text.end(), [](char c) {
+    const auto b = static_cast<unsigned char>(c);
+    return b >= 0xE4 && b <= 0xE9;
+  });
+}
+
+// One thread in Chinese against two in English: the tables are byte-identical (the thread count
+// changes no number), the verdicts agree, and every sentence of the Chinese text is in Chinese
+// and carries the same numbers as its English counterpart.
+TEST_P(Experiment, FormAndSameOutputForOneAndTwoThreadsInEitherLanguage) {
   const std::string name = GetParam();
-  const json one = run(name, 1), two = run(name, 2);
+  const json one = run(name, 1, 1, Lang::zh), two = run(name, 2);
   check_form(name, two);
-  const std::string a = one.dump(), b = two.dump();
+  EXPECT_EQ(one["lang"], "zh");
+  const std::string a = one["tables"].dump(), b = two["tables"].dump();
   if (a != b) {
     std::size_t i = 0;
     while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
     FAIL() << name << ": 1 and 2 threads differ at byte " << i << ": ..."
            << a.substr(i > 80 ? i - 80 : 0, 160) << " vs ..." << b.substr(i > 80 ? i - 80 : 0, 160);
+  }
+  ASSERT_EQ(one["claims"].size(), two["claims"].size());
+  for (std::size_t c = 0; c < two["claims"].size(); ++c) {
+    const json &zh = one["claims"][c], &en = two["claims"][c];
+    EXPECT_EQ(zh["id"], en["id"]);
+    EXPECT_EQ(zh["verdict"], en["verdict"]) << name << " " << en["id"];
+    EXPECT_EQ(zh["claim"], zh["claim_zh"]);
+    for (const char* k : {"theory", "measurement", "condition", "evidence"}) {
+      const std::string z = zh[k], e = en[k];
+      EXPECT_EQ(z.empty(), e.empty()) << name << " " << en["id"] << " " << k;
+      if (e.empty()) continue;
+      EXPECT_TRUE(has_chinese(z)) << name << " " << en["id"] << " " << k << ": " << z;
+      EXPECT_EQ(numbers_in(z), numbers_in(e))
+          << name << " " << en["id"] << " " << k << ":\n  " << e << "\n  " << z;
+    }
   }
 }
 
