@@ -920,19 +920,25 @@ bool LseNormalises(T lse) {
   return std::abs(lse) <= kLseResolvable<T>;  // false for NaN
 }
 
-/// sum_e a[e] * b[e] as one multiply-add per term in the order e = 0, 1, ...: the arithmetic of
-/// one element of Gemm's product. D = rowsum(dO * O) computed this way equals dP_s = dO . v_s
+/// sum_e a[e] * b[e] with the arithmetic of one element of Gemm's product: one multiply-add per
+/// term in the order e = 0, 1, ..., in blocks of kGemmDepth terms, each summed from zero and
+/// added to the blocks before it. D = rowsum(dO * O) computed this way equals dP_s = dO . v_s
 /// bit for bit when out is exactly v_s (a one-hot row, as huge scales give), so that
 /// dS = P * (dP - D) is exactly 0 there, as the maths says, instead of a rounding error that
 /// the scale then multiplies into dQ and dK.
 template <typename T, typename S>
 HWY_INLINE T SequentialDot(const T* HWY_RESTRICT a, const S* HWY_RESTRICT b, int64_t n) {
   const hn::CappedTag<T, 1> d1;
-  auto acc = hn::Zero(d1);
-  for (int64_t e = 0; e < n; ++e) {
-    acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, Widen(b[e])), acc);
+  auto sum = hn::Zero(d1);
+  for (int64_t e0 = 0; e0 < n; e0 += static_cast<int64_t>(kGemmDepth)) {
+    const int64_t end = std::min(n, e0 + static_cast<int64_t>(kGemmDepth));
+    auto acc = hn::Zero(d1);
+    for (int64_t e = e0; e < end; ++e) {
+      acc = hn::MulAdd(hn::Set(d1, a[e]), hn::Set(d1, Widen(b[e])), acc);
+    }
+    sum = e0 == 0 ? acc : hn::Add(sum, acc);
   }
-  return hn::GetLane(acc);
+  return hn::GetLane(sum);
 }
 
 // bfloat16 q, k, v and grad_out on a CPU with vdpbf16ps: S = scale * (Q K^T) and dP = dO V^T,
