@@ -219,11 +219,11 @@ HWY_INLINE void CopyRow(const Tc* HWY_RESTRICT src, int64_t n, T* HWY_RESTRICT d
     const hn::Rebind<Tc, decltype(d)> dh;
     const int64_t N = static_cast<int64_t>(hn::Lanes(d));
     for (; e + 2 * N <= n; e += 2 * N) {
-      const auto x0 = hn::PromoteTo(d, hn::LoadU(dh, src + e));
-      const auto x1 = hn::PromoteTo(d, hn::LoadU(dh, src + e + N));
+      const auto x0 = WidenExact(d, hn::LoadU(dh, src + e));
+      const auto x1 = WidenExact(d, hn::LoadU(dh, src + e + N));
       hn::StoreU(x0, d, dst + e), hn::StoreU(x1, d, dst + e + N);
     }
-    for (; e + N <= n; e += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + e)), d, dst + e);
+    for (; e + N <= n; e += N) hn::StoreU(WidenExact(d, hn::LoadU(dh, src + e)), d, dst + e);
 #endif
     for (; e < n; ++e) {
       std::uint16_t bits;
@@ -508,7 +508,7 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const Tc* HWY_RESTRICT src) {
   } else {
 #if HWY_TARGET != HWY_SCALAR
     const hn::Rebind<Tc, D> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, src));
+    return WidenExact(d, hn::LoadU(dh, src));
 #else
     std::uint16_t bits;
     std::memcpy(&bits, src, sizeof bits);

@@ -209,7 +209,7 @@ HWY_INLINE void ScaledRow(const S* HWY_RESTRICT src, int64_t n, T factor, T* HWY
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     const auto f = hn::Set(d, factor);
     for (; i + lanes <= n; i += lanes) {
-      hn::StoreU(hn::Mul(f, hn::PromoteTo(d, hn::LoadU(ds, src + i))), d, dst + i);
+      hn::StoreU(hn::Mul(f, WidenExact(d, hn::LoadU(ds, src + i))), d, dst + i);
     }
   }
   for (; i < n; ++i) dst[i] = factor * Widen(src[i]);

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -182,6 +183,33 @@ HWY_NOINLINE void GemmSkipZeros(std::size_t M, std::size_t N, std::size_t K, con
       }
     }
   }
+}
+
+// ---- widening 16-bit inputs --------------------------------------------------------------------
+
+/// float16 or bfloat16 lanes widened exactly to float32, inf and NaN included (NaN made quiet,
+/// as vcvtph2ps and core/half.h make it). Highway's PromoteTo from float16 on the targets
+/// without F16C (SSE4, SSSE3, EMU128, SCALAR) rebiases every exponent, inf and NaN's too, so
+/// it reads inf as +-65536 and NaN as a finite number; those lanes (float32 exponent 15 + 128,
+/// which no finite float16 reaches) are rebuilt here.
+template <class D, class V16>
+HWY_INLINE hn::Vec<D> WidenExact(D d, V16 v) {
+  auto x = hn::PromoteTo(d, v);
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_EMU128 || \
+    HWY_TARGET == HWY_SCALAR || defined(HWY_DISABLE_F16C)
+  if constexpr (std::is_same_v<hn::TFromV<V16>, hwy::float16_t>) {
+    const hn::RebindToUnsigned<D> du;
+    const auto bits = hn::BitCast(du, x);
+    const auto special =
+        hn::Eq(hn::And(bits, hn::Set(du, 0x7f800000u)), hn::Set(du, (31u + 112u) << 23));
+    const auto mantissa = hn::And(bits, hn::Set(du, 0x007fe000u));
+    const auto quiet = hn::IfThenElseZero(hn::Ne(mantissa, hn::Zero(du)), hn::Set(du, 0x00400000u));
+    const auto inf_nan = hn::Or(hn::Or(hn::And(bits, hn::Set(du, 0x80000000u)), mantissa),
+                                hn::Or(quiet, hn::Set(du, 0x7f800000u)));
+    x = hn::BitCast(d, hn::IfThenElse(special, inf_nan, bits));
+  }
+#endif
+  return x;
 }
 
 // ---- row operations of the softmax (n % Lanes == 0) ------------------------------------------

@@ -237,6 +237,36 @@ TEST(HalfContractTargets, EveryCompiledTarget) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// float16 inf and NaN are read as inf and NaN on every target: targets without F16C widen in
+// software, where Highway's conversion read inf as 65536 and NaN as a finite number, so that
+// rows the reference makes NaN or inf came out finite. An inf in a query row makes that row NaN,
+// a NaN in a visible key the rows that see it, an inf in a value its column of the rows that see
+// it; the fused kernel (L = 40) and the decode kernel (L = 5), float16 and float32 queries.
+TEST(HalfNonFinite, InfAndNanReachTheirRowsOnEveryTarget) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const std::int64_t L : {40, 5}) {
+      for (const DType qd : {DType::float16, DType::float32}) {
+        const Case c = make_case(L, 29, 16, 16, Causal::lower_right, 0);
+        Inputs in = make_mixed(c, qd, DType::float16, 77);
+        sdpa::test::set(in.q, (L - 1) * 16 + 3, INFINITY);  // the last query row
+        sdpa::test::set(in.k, 20 * 16, NAN);                // key 20
+        sdpa::test::set(in.v, 15 * 16 + 5, -INFINITY);      // value 15, column 5
+        const Outputs truth = run(in, c.options, Impl::reference, false);
+        const Outputs fast = run(in, c.options, Impl::fast, false);
+        const std::string name =
+            c.name() + " q " + sdpa::dtype_name(qd) + " on " + sdpa::detail::fast_kernel_target();
+        ASSERT_FALSE(sdpa::test::all_finite(truth.out)) << name;
+        // max_abs_diff counts a NaN or inf in one and not the other as an infinite error.
+        EXPECT_LE(max_abs_diff(fast.out, truth.out), 8 * format_eps(qd) * max_abs(truth.out))
+            << name;
+        EXPECT_LE(max_abs_diff(fast.lse, truth.lse), 8 * FLT_EPSILON * max_abs(truth.lse)) << name;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // A row whose softmax is one-hot (one visible key, or a scale so large that one score
 // dominates) has exactly zero dq and dk in the maths and in the reference: dP - D is 0 when out
 // equals the one value row. The fast backward gives exact zeros for every dtype mix, on every
