@@ -310,8 +310,8 @@ def cli_path():
 
 @pytest.mark.skipif(cli_path() is None, reason="the sdpa program is not built next to the module")
 def test_messages_match_the_cli():
-    """The same mistake gives the same message from Python and from `sdpa attention` (whose
-    --mask is attn_mask here)."""
+    """The same mistake gives the same message from Python and from `sdpa attention`, which
+    names the flag and the file where Python names the argument (--mask is attn_mask here)."""
     q, k, v = qkv(np.float32)
     cases = [
         (dict(k=k[..., :3]), ValueError),
@@ -333,7 +333,12 @@ def test_messages_match_the_cli():
             with pytest.raises(kind) as info:
                 sdpa.scaled_dot_product_attention(arrays["q"], arrays["k"], arrays["v"],
                                                   arrays.get("mask"))
-            assert str(info.value) == cli.replace("mask:", "attn_mask:", 1)
+            python = str(info.value)
+            for argument, flag, file in (("query", "--query", "q"), ("key", "--key", "k"),
+                                         ("value", "--value", "v"), ("attn_mask", "--mask", "mask")):
+                if python.startswith(argument + ": "):
+                    python = f"{flag} {os.path.join(d, file + '.npy')}" + python[len(argument):]
+            assert python == cli
             assert not os.path.exists(os.path.join(d, "o.npy"))
 
 

@@ -1,9 +1,10 @@
 // The catalogue of bad input. Every entry is a table row: what is wrong, the exit status the
 // `sdpa attention` command must give (2 for every bad input), and a fragment its message must
-// contain. Each row runs through the CLI; the rows about files and tensors also run through
-// the API (read_npy, attention_forward, attention_backward), which must throw sdpa::Error with
-// the same fragment. After every failed command: nothing was written (no output, no temporary
-// file) and no input changed.
+// contain (`--key @k.npy: ...`: the flag, then the file as the command was given it). Each row runs
+// through the CLI; the rows about files and tensors also run through the API (read_npy,
+// attention_forward, attention_backward), which must throw sdpa::Error with the same fragment.
+// After every failed command: nothing was written (no output, no temporary file) and no input
+// changed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -190,17 +191,25 @@ std::vector<Row> catalogue() {
       {"missing file", {{"--key", "@no_such_file.npy"}}, "cannot open"},
       {"directory as input", {{"--value", "@a_directory.npy"}}, "regular"},
       // ---- tensors that do not fit together ----
-      {"rank-1 query", {{"--query", "@q_rank1.npy"}}, "query: expected rank 2 or more"},
+      {"rank-1 query",
+       {{"--query", "@q_rank1.npy"}},
+       "--query @q_rank1.npy: expected rank 2 or more"},
       {"ranks differ", {{"--query", "@q_rank3.npy"}}, "expected the rank of query"},
-      {"bool query", {{"--query", "@q_bool.npy"}}, "query: expected dtype float32 or float64"},
+      {"bool query",
+       {{"--query", "@q_bool.npy"}},
+       "--query @q_bool.npy: expected dtype float32 or float64"},
       {"dtypes differ", {{"--query", "@q64.npy"}}, "expected the query's dtype"},
-      {"key feature size differs", {{"--key", "@k_E.npy"}}, "key: expected last dimension E"},
-      {"value length differs", {{"--value", "@v_S.npy"}}, "value: expected S = 7"},
-      {"value heads differ", {{"--value", "@v_heads.npy"}}, "value: expected 4 heads"},
+      {"key feature size differs",
+       {{"--key", "@k_E.npy"}},
+       "--key @k_E.npy: expected last dimension E"},
+      {"value length differs", {{"--value", "@v_S.npy"}}, "--value @v_S.npy: expected S = 7"},
+      {"value heads differ",
+       {{"--value", "@v_heads.npy"}},
+       "--value @v_heads.npy: expected 4 heads"},
       {"batch dimensions differ", {{"--key", "@k_batch.npy"}}, "leading batch dimensions"},
       {"heads differ without GQA",
        {{"--key", "@k_heads.npy"}, {"--value", "@v_heads.npy"}},
-       "or enable_gqa"},
+       "--key @k_heads.npy: expected 4 heads like query (or --enable-gqa"},
       {"GQA, Hq not a multiple of Hkv",
        {{"--key", "@k_heads3.npy"}, {"--value", "@v_heads3.npy"}},
        "multiple of key/value heads",
@@ -208,8 +217,7 @@ std::vector<Row> catalogue() {
        {"--enable-gqa"}},
       {"mask L does not broadcast",
        {{"--mask", "@mask_L.npy"}},
-       "mask: expected a shape that "
-       "broadcasts to (2, 4, 5, 7)"},
+       "--mask @mask_L.npy: expected a shape that broadcasts to (2, 4, 5, 7)"},
       {"mask S does not broadcast", {{"--mask", "@mask_S.npy"}}, "dimension 3 is 6, expected 7"},
       {"mask of higher rank", {{"--mask", "@mask_rank.npy"}}, "rank 5 > 4"},
       {"grad-output of the wrong shape",
@@ -323,8 +331,14 @@ TEST_F(BadInput, EveryRowThroughTheCli) {
     argv.insert(argv.end(), row.extra.begin(), row.extra.end());
     const sdpa::test::CliResult r = sdpa::test::run_cli(argv, dir_->string());
     EXPECT_EQ(r.status, row.status) << row.what << "\nstderr: " << r.err;
-    EXPECT_NE(r.err.find(row.fragment), std::string::npos)
-        << row.what << ": expected '" << row.fragment << "' in stderr, got: " << r.err;
+    // "--key @k.npy: ..." names the file as the command was given it.
+    std::string fragment = row.fragment;
+    if (const std::size_t at = fragment.find(" @"); at != std::string::npos) {
+      const std::size_t end = fragment.find(':', at);
+      fragment.replace(at + 1, end - at - 1, path(fragment.substr(at + 2, end - at - 2)));
+    }
+    EXPECT_NE(r.err.find(fragment), std::string::npos)
+        << row.what << ": expected '" << fragment << "' in stderr, got: " << r.err;
     EXPECT_TRUE(r.out.empty()) << row.what << ": stdout should be empty, got: " << r.out;
     for (const char* name : {"out.npy", "dq.npy", "dv.npy", "sub/out.npy"}) {
       EXPECT_FALSE(fs::exists(path(name))) << row.what << ": wrote " << name;
