@@ -36,7 +36,7 @@ std::size_t display_width(const std::string& s) {
 
 void render_table(std::string& out, const std::string& name, const json& rows,
                   std::vector<std::string> columns, const std::function<bool(const json&)>& keep,
-                  std::size_t max_rows) {
+                  std::size_t max_rows, Lang lang) {
   if (!rows.is_array() || rows.empty()) return;
   if (columns.empty()) {
     for (const auto& [k, v] : rows[0].items()) columns.push_back(k);
@@ -57,7 +57,8 @@ void render_table(std::string& out, const std::string& name, const json& rows,
     width[j] = display_width(columns[j]);
     for (const auto& line : cells) width[j] = std::max(width[j], display_width(line[j]));
   }
-  out += fmt::format("\n{} ({} of {} rows; all of them with --json):\n", name, kept, rows.size());
+  out += say(lang, "\n{} ({} of {} rows; all of them with --json):\n",
+             "\n{}（显示 {} 行，共 {} 行；--json 给出全部）：\n", name, kept, rows.size());
   auto emit = [&](const std::vector<std::string>& line) {
     out += " ";
     for (std::size_t j = 0; j < line.size(); ++j) {
@@ -67,7 +68,7 @@ void render_table(std::string& out, const std::string& name, const json& rows,
   };
   emit(columns);
   for (const auto& line : cells) emit(line);
-  if (total > kept) out += fmt::format("  ... {} more\n", total - kept);
+  if (total > kept) out += say(lang, "  ... {} more\n", "  …… 另有 {} 行\n", total - kept);
 }
 
 }  // namespace
@@ -111,11 +112,11 @@ std::string render_text(const json& result, Lang lang) {
   if (e) {
     for (const auto& v : e->views) {
       if (tables.contains(v.table))
-        render_table(out, v.table, tables[v.table], v.columns, v.keep, 64);
+        render_table(out, v.table, tables[v.table], v.columns, v.keep, 64, lang);
     }
   } else {
     for (const auto& [table, rows] : tables.items())
-      render_table(out, table, rows, {}, nullptr, 12);
+      render_table(out, table, rows, {}, nullptr, 12, lang);
   }
   return out;
 }

@@ -353,6 +353,10 @@ TEST(Render, TextHasEveryClaimInTheChosenLanguage) {
   EXPECT_NE(zh.find(claim_text("C2", Lang::zh)), std::string::npos);
   EXPECT_NE(en.find("verdict: holds"), std::string::npos);
   EXPECT_NE(zh.find("结论"), std::string::npos);
+  // The tables' headings too; their column names are the declared ones in either language.
+  EXPECT_NE(en.find("article (3 of 3 rows; all of them with --json)"), std::string::npos);
+  EXPECT_NE(zh.find("article（显示 3 行，共 3 行；--json 给出全部）"), std::string::npos);
+  EXPECT_EQ(zh.find("rows;"), std::string::npos);
   // Unknown experiments (train's result, say) still render their tables.
   const json other = {{"experiment", "other"},
                       {"claims", json::array()},
