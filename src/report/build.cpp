@@ -73,16 +73,17 @@ void summary(Page& page) {
       if (!e || !e->contains("claims")) continue;
       for (const auto& cl : (*e)["claims"]) {
         if (str(&cl, "id") != c.id) continue;
-        if (!verdict_list.empty()) verdict_list += "; ";
+        if (!verdict_list.empty()) verdict_list += page.zh() ? "；" : "; ";
         // The experiment, the mode that produced its numbers, the verdict, its condition, and
         // the first sentence of the measurement: what the verdict rests on (seeds, cells,
         // optimizers), so that no verdict appears without its qualifiers.
         verdict_list += fmt::format("{} [{}]: {}", name, str(e, "mode"),
                                     verdict_word(str(&cl, "verdict"), page.options().lang));
         const std::string cond = str(&cl, "condition");
-        if (!cond.empty()) verdict_list += " (" + cond + ")";
+        if (!cond.empty()) verdict_list += page.zh() ? "（" + cond + "）" : " (" + cond + ")";
         std::string first = str(&cl, "measurement");
         if (const auto dot = first.find(". "); dot != std::string::npos) first.resize(dot);
+        if (const auto dot = first.find("。"); dot != std::string::npos) first.resize(dot);
         if (!first.empty() && first.back() == '.') first.pop_back();  // "; " or the cell's end
         // (not again when the condition already carries it)
         if (!first.empty() && cond.find(first) == std::string::npos) verdict_list += " — " + first;

@@ -467,6 +467,26 @@ with tempfile.TemporaryDirectory() as tmp:
     static_checks(out_zh, zh)
     browser_checks(out_zh, os.path.join(tmp, "profile-zh"), "zh", shoot_figures=False)
 
+    # Results of a lab run in Chinese: the summary keeps each measurement's first sentence, up to
+    # "。", puts the condition in full-width brackets and joins the experiments with "；".
+    zh_data, out_zd = os.path.join(tmp, "data-zh"), os.path.join(tmp, "report-zh-data")
+    shutil.copytree(FIXTURES, zh_data)
+    with open(os.path.join(zh_data, "saturation.json"), encoding="utf-8") as f:
+        sat = json.load(f)
+    sat["lang"] = "zh"
+    for c in sat["claims"]:
+        c["verdict"], c["condition"] = "holds-if", "条件甲"
+        c["measurement"] = "第一句 3 个单元。第二句不应出现"
+    with open(os.path.join(zh_data, "saturation.json"), "w", encoding="utf-8") as f:
+        json.dump(sat, f, ensure_ascii=False)
+    r = run("report", "--from", zh_data, "--out", out_zd, "--lang", "zh")
+    md = open(os.path.join(out_zd, "report.md"), encoding="utf-8").read() if r.returncode == 0 else ""
+    row = next((line for line in md.splitlines() if line.startswith("| C7 |")), "")
+    check("saturation [quick]: 有条件成立（条件甲） — 第一句 3 个单元；temperature [" in row and
+          "第二句" not in row, f"zh measured lines in the summary: exit {r.returncode}, {row[:300]}")
+    shutil.rmtree(zh_data)
+    shutil.rmtree(out_zd, ignore_errors=True)
+
     # running again replaces the report as a whole
     before = os.stat(os.path.join(out, "index.html")).st_ino
     report(out)
