@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/variants.h"
 #include "io/npy.h"
 #include "io/output.h"
 #include "options.h"
 #ifdef SDPA_HAS_MPI
 #include "cmd_context_parallel.h"
+#include "mpi/context_parallel.h"
 #endif
 #include "sdpa/array.h"
 #include "sdpa/sdpa.h"
@@ -128,9 +128,8 @@ void run(const AttentionArgs& a) {
   if (!a.context_parallel.strategy.empty()) {
     check_gradient_flags(a);
     const AttentionOptions o = make_options(a);
-    if (o.window_left >= 0 || o.window_right >= 0 || o.softcap > 0.0 ||
-        detail::dropout_threshold(o.dropout_p) > 0 || !a.alibi_slopes.empty() || !a.sinks.empty() ||
-        !a.grad_sinks.empty()) {
+    // The library refuses the same options on every rank; here before MPI starts, in flags.
+    if (!mpi::unsupported_variant(o).empty() || !a.grad_sinks.empty()) {
       throw Error(ErrorKind::bad_value, "--context-parallel",
                   "expected without --window, --softcap, --alibi-slopes, --sinks, --dropout-p "
                   "(the ranks compute plain attention), got some of them");

@@ -39,6 +39,36 @@ std::vector<Range> shard_ranges(std::int64_t length, int ranks, int rank, bool z
   return {chunk(rank), chunk(chunks - 1 - rank)};
 }
 
+// The ranks compute plain attention: a variant that depends on absolute positions (window,
+// ALiBi), adds a column to every row's softmax (sinks), or draws per element (dropout) would be
+// applied per block and come out wrong, so each is refused rather than ignored.
+std::string unsupported_variant(const AttentionOptions& a) {
+  if (a.window_left >= 0 || a.window_right >= 0) {
+    return fmt::format(
+        "window_left, window_right: expected -1, -1 (no sliding window) with "
+        "context parallelism, got {}, {}",
+        a.window_left, a.window_right);
+  }
+  if (a.softcap != 0.0) {
+    return fmt::format("softcap: expected 0 with context parallelism, got {}", a.softcap);
+  }
+  if (!a.alibi_slopes.empty()) {
+    return fmt::format("alibi_slopes: expected none with context parallelism, got {} slopes",
+                       a.alibi_slopes.size());
+  }
+  if (!a.sinks.empty()) {
+    return fmt::format("sinks: expected none with context parallelism, got {} sinks",
+                       a.sinks.size());
+  }
+  if (!(a.dropout_p >= 0.0) || sdpa::detail::dropout_threshold(a.dropout_p) > 0) {
+    return fmt::format(
+        "dropout_p: expected 0 (or below 2^-17, which drops nothing) with "
+        "context parallelism, got {}",
+        a.dropout_p);
+  }
+  return "";
+}
+
 bool uses_zigzag(Strategy strategy, const AttentionOptions& options) {
   return strategy == Strategy::ring && options.causal != Causal::none;
 }
@@ -195,33 +225,7 @@ Layout validate(MPI_Comm comm, const TensorRef& q, const TensorRef& k, const Ten
     fail(fmt::format("timeout: expected a positive number of seconds, got {}",
                      options.timeout_seconds));
   }
-  // The ranks compute plain attention: a variant that depends on absolute positions (window,
-  // ALiBi), adds a column to every row's softmax (sinks), or draws per element (dropout) would
-  // be applied per block and come out wrong, so each is refused rather than ignored.
-  const AttentionOptions& a = options.attention;
-  if (a.window_left >= 0 || a.window_right >= 0) {
-    fail(
-        fmt::format("window_left, window_right: expected -1, -1 (no sliding window) with "
-                    "context parallelism, got {}, {}",
-                    a.window_left, a.window_right));
-  }
-  if (a.softcap != 0.0) {
-    fail(fmt::format("softcap: expected 0 with context parallelism, got {}", a.softcap));
-  }
-  if (!a.alibi_slopes.empty()) {
-    fail(fmt::format("alibi_slopes: expected none with context parallelism, got {} slopes",
-                     a.alibi_slopes.size()));
-  }
-  if (!a.sinks.empty()) {
-    fail(
-        fmt::format("sinks: expected none with context parallelism, got {} sinks", a.sinks.size()));
-  }
-  if (!(a.dropout_p >= 0.0) || sdpa::detail::dropout_threshold(a.dropout_p) > 0) {
-    fail(
-        fmt::format("dropout_p: expected 0 (or below 2^-17, which drops nothing) with context "
-                    "parallelism, got {}",
-                    a.dropout_p));
-  }
+  if (std::string why = unsupported_variant(options.attention); !why.empty()) fail(why);
   const std::pair<const char*, const TensorRef*> inputs[] = {
       {"query", &q}, {"key", &k}, {"value", &v}, {"mask", mask != nullptr ? &m : nullptr}};
   for (const auto& [name, t] : inputs) {

@@ -66,6 +66,10 @@ struct Range {
 std::vector<Range> shard_ranges(std::int64_t length, int ranks, int rank, bool zigzag);
 /// Whether a strategy with these options uses the zigzag layout (ring with causal).
 bool uses_zigzag(Strategy strategy, const AttentionOptions& options);
+/// Why `options` asks for more than plain attention, which is all the ranks compute (a window,
+/// ALiBi, sinks, softcap, or dropout that drops something), naming the first such option; empty
+/// when it asks for none.
+std::string unsupported_variant(const AttentionOptions& options);
 
 struct ContextParallelOptions {
   AttentionOptions attention;  ///< impl must be fast (the only one that takes lse as given)

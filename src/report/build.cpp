@@ -73,7 +73,7 @@ void summary(Page& page) {
       if (!e || !e->contains("claims")) continue;
       for (const auto& cl : (*e)["claims"]) {
         if (str(&cl, "id") != c.id) continue;
-        if (!verdict_list.empty()) verdict_list += page.zh() ? "；" : "; ";
+        if (!verdict_list.empty()) verdict_list += clause_separator(page.options().lang);
         // The experiment, the mode that produced its numbers, the verdict, its condition, and
         // the first sentence of the measurement: what the verdict rests on (seeds, cells,
         // optimizers), so that no verdict appears without its qualifiers.

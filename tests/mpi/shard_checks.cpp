@@ -75,24 +75,22 @@ int main(int argc, char** argv) {
                                         lse.mut());
   });
   // Variants the ranks cannot compute block by block are refused on every rank, not ignored.
-  sdpa::mpi::ContextParallelOptions o_window = o;
-  o_window.attention.window_left = 4;
-  expect_error("a sliding window", "window_left, window_right: expected -1, -1", [&] {
-    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_window, out.mut(),
-                                        lse.mut());
-  });
-  sdpa::mpi::ContextParallelOptions o_sinks = o;
-  o_sinks.attention.sinks = {0.5, 0.5};
-  expect_error("attention sinks", "sinks: expected none", [&] {
-    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_sinks, out.mut(),
-                                        lse.mut());
-  });
-  sdpa::mpi::ContextParallelOptions o_dropout = o;
-  o_dropout.attention.dropout_p = 0.1;
-  expect_error("dropout", "dropout_p: expected 0", [&] {
-    sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_dropout, out.mut(),
-                                        lse.mut());
-  });
+  const std::pair<const char*, std::function<void(sdpa::AttentionOptions&)>> variants[] = {
+      {"window_left, window_right: expected -1, -1", [](auto& a) { a.window_left = 4; }},
+      {"sinks: expected none",
+       [](auto& a) {
+         a.sinks = {0.5, 0.5};
+       }},
+      {"dropout_p: expected 0", [](auto& a) { a.dropout_p = 0.1; }},
+  };
+  for (const auto& [needle, set] : variants) {
+    sdpa::mpi::ContextParallelOptions o_variant = o;
+    set(o_variant.attention);
+    expect_error(needle, needle, [&] {
+      sdpa::mpi::context_parallel_forward(MPI_COMM_WORLD, q, k, v, nullptr, o_variant, out.mut(),
+                                          lse.mut());
+    });
+  }
   // A wrongly shaped output on one rank is a local error every rank hears of.
   sdpa::Array lse_short(sdpa::DType::float32, {H, rank == 2 ? rows - 1 : rows});
   expect_error("rank 2's lse has a row too few", "rank 2: lse: expected the shard shape", [&] {
