@@ -27,4 +27,10 @@ void set_backward_chunks_for_test(int chunks);
 /// same for any block. Not thread-safe against running calls; tests only.
 void set_forward_block_for_test(int block);
 
+/// Pins how the fused backward lays out and prefetches its operands (flash::BackwardMemory):
+/// -1 (the default) this CPU's choice, 0 plain strides and no prefetch, 1 spread strides and
+/// prefetch. The results are the same bits either way. Not thread-safe against running calls;
+/// tests and benchmarks only.
+void set_backward_memory_for_test(int mode);
+
 }  // namespace sdpa::detail

@@ -241,22 +241,22 @@ Rows<T> PackedRows(const T* data, int64_t H, int64_t L, int64_t ld) {
 }
 
 /// The row stride of an operand that the backward's products read as B over a whole key tile or
-/// E rows (the transposed K and V tiles, the key rows of dQ = dS K): ld, or ld plus 32 bytes
-/// where ld is a multiple of 512 bytes. Rows 512 bytes apart (kKeyTile = 128 floats, or E = 128)
-/// put the columns of one block of B in a quarter to a half of a 64-set L1's sets, more lines
-/// each than it has ways at K = 128, so that the block falls out of L1 while the row panels of A
-/// pass; 32 bytes more spread the rows over every set. One Zen 5 thread, gemm_f32 at M = 64,
-/// N = 128, K = 128 over 64 distinct B tiles: ld 128 187-193 GFLOP/s, 136 206-208, 144 199-204
-/// (peak 216). The whole kernel, calls alternating in one process, 2 Zen 5 threads: backward at
-/// (1, 8, 4096, 128) 1.010-1.018x (the AVX2 code 1.012x), at E = 64 1.002x; the forward between
-/// 0.991x and 1.006x, so its K tiles keep the plain stride.
+/// E rows (the transposed K and V tiles, the key rows of dQ = dS K): ld, or, where the CPU's
+/// BackwardMemory spreads them, ld plus 32 bytes where ld is a multiple of 512 bytes. Rows 512
+/// bytes apart (kKeyTile = 128 floats, or E = 128) put the columns of one block of B in a quarter
+/// to a half of a 64-set L1's sets, more lines each than it has ways at K = 128, so that the block
+/// falls out of L1 while the row panels of A pass; 32 bytes more spread the rows over every set.
+/// One Zen 5 thread, gemm_f32 at M = 64, N = 128, K = 128 over 64 distinct B tiles: ld 128 187-193
+/// GFLOP/s, 136 206-208, 144 199-204 (peak 216). The whole kernel, calls alternating in one
+/// process, 2 Zen 5 threads: backward at (1, 8, 4096, 128) 1.010-1.018x (the AVX2 code 1.012x), at
+/// E = 64 1.002x; the forward between 0.991x and 1.006x, so its K tiles keep the plain stride. On
+/// an Intel Xeon the backward at (1, 8, 4096, 64) ran 0.97x with the spread strides
+/// (flash::backward_memory).
 template <typename T>
-constexpr int64_t SpreadLd(int64_t ld) {
+constexpr int64_t SpreadLd(int64_t ld, bool spread) {
   constexpr auto size = static_cast<int64_t>(sizeof(T));
-  return (ld * size) % 512 == 0 ? ld + 32 / size : ld;
+  return spread && (ld * size) % 512 == 0 ? ld + 32 / size : ld;
 }
-template <typename T>
-inline constexpr int64_t kTileLd = SpreadLd<T>(kKeyTile);
 
 /// dst[e * dst_ld + c] = src[(s0 + c) * src_ld + e] for c < kc, 0 for kc <= c < kKeyTile: one key
 /// tile transposed so that the scores of a query row are a sum over e of q[e] *
@@ -993,8 +993,8 @@ bool ProductFromPairs(const Problem& p, const BackwardPairs* pairs, bool dp, int
 
 template <typename T>
 struct BackwardShared {
-  const T* kt;  // [B*Hkv][nkt][E][kTileLd]: key tiles transposed (for S = Q K^T)
-  const T* vt;  // [B*Hkv][nkt][Ev][kTileLd]: value tiles transposed (for dP = dO V^T)
+  const T* kt;  // [B*Hkv][nkt][E][tile_ld]: key tiles transposed (for S = Q K^T)
+  const T* vt;  // [B*Hkv][nkt][Ev][tile_ld]: value tiles transposed (for dP = dO V^T)
   Rows<T> k;  // (B, Hkv, S) key rows (for dQ = dS K): in place when ldq == E and SpreadLd keeps the
               // stride, else packed with row stride SpreadLd(ldq)
   const T* qs;   // [B*Hq][L][ldq]: scale * query, padded (for S and for dK = dS^T (scale Q))
@@ -1007,6 +1007,8 @@ struct BackwardShared {
   const T* inv_sum;
   const uint8_t* k_unsafe;     // [B*Hkv][nkt]: the key tile holds inf or NaN
   int64_t ldq, ldo, nkt, nqt;  // ldq, ldo: columns of the products (E, Ev padded to 64 bytes)
+  int64_t tile_ld;             // SpreadLd(kKeyTile): the row stride of the kt and vt tiles
+  bool prefetch;               // BackwardMemory::prefetch: the next query tile's rows into L2
   // Set only for bfloat16 inputs on vdpbf16ps (float32 T): S and dP from bfloat16 pairs.
   const BackwardPairs* pairs = nullptr;
 };
@@ -1119,7 +1121,7 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
   const auto ncols = static_cast<size_t>(cols.end - cols.begin);
   if (!ProductFromPairs(p, sh.pairs, false, rows, row0, tile, w.p)) {
     Gemm<false>(rows, ncols, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                sh.kt + tile * p.E * kTileLd<T> + cols.begin, kTileLd<T>, w.p + cols.begin,
+                sh.kt + tile * p.E * sh.tile_ld + cols.begin, sh.tile_ld, w.p + cols.begin,
                 kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -1146,7 +1148,7 @@ flash::ColumnSpan ProbabilitiesAndGrad(const Problem& p, const BackwardShared<T>
   }
   if (!ProductFromPairs(p, sh.pairs, true, rows, row0, tile, w.ds)) {
     Gemm<false>(rows, ncols, p.Ev, sh.dout.row(b, h, l0), sh.dout.sl, 1,
-                sh.vt + tile * p.Ev * kTileLd<T> + cols.begin, kTileLd<T>, w.ds + cols.begin,
+                sh.vt + tile * p.Ev * sh.tile_ld + cols.begin, sh.tile_ld, w.ds + cols.begin,
                 kKeyTile);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -1193,7 +1195,7 @@ void RenormaliseQueryTile(const Problem& p, const BackwardShared<T>& sh,
     const bool masked = flash::tile_needs_mask(p, l0, rows, s0, kc, kKeyTile);
     if (!ProductFromPairs(p, sh.pairs, false, rows, row0, bh * sh.nkt + j, w.p)) {
       Gemm<false>(rows, kKeyTile, p.E, sh.qs + row0 * sh.ldq, sh.ldq, 1,
-                  sh.kt + (bh * sh.nkt + j) * p.E * kTileLd<T>, kTileLd<T>, w.p, kKeyTile);
+                  sh.kt + (bh * sh.nkt + j) * p.E * sh.tile_ld, sh.tile_ld, w.p, kKeyTile);
     }
     if (p.variants.transforms_scores() || masked) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -1336,13 +1338,13 @@ void BackwardKeyChunk(const Problem& p, const BackwardShared<T>& sh, const Backw
           // runs: the item's dQ rows of a tile were last touched a whole pass over the group's
           // query tiles ago (2 MiB at G = 1, L = 4096, E = 128) and come from L3 otherwise. Calls
           // alternating in one process, (1, 8, 4096, E), 2 Zen 5 threads: E = 64 1.028x, E = 128
-          // 1.026x (one thread 1.023x).
+          // 1.026x (one thread 1.023x); on an Intel Xeon 0.97x at both (flash::backward_memory).
           int64_t gn = g, in = i + 1;
           if (in == qtiles.end) {
             gn = g + 1;
             in = qtiles.begin;
           }
-          if (gn < G && in < qtiles.end) {
+          if (sh.prefetch && gn < G && in < qtiles.end) {
             const int64_t ln = in * kQueryTile, rn = std::min(kQueryTile, L - ln);
             const int64_t hn = hkv * G + gn;
             const auto size = static_cast<int64_t>(sizeof(T));
@@ -1435,12 +1437,12 @@ bool BackwardTakesPairs(const Problem& p) {
          bf16::pairs_in_kernel();
 }
 
-// One transposed tile [rows][kTileLd] of float32 (bfloat16 values) as pairs of rows.
+// One transposed tile [rows][tile_ld] of float32 (bfloat16 values) as pairs of rows.
 template <typename T>
-void PackPairRows(const T* tile, int64_t rows, uint32_t* dst) {
+void PackPairRows(const T* tile, int64_t tile_ld, int64_t rows, uint32_t* dst) {
   if constexpr (std::is_same_v<T, float>) {
-    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile, kTileLd<T>, dst,
-                                 kKeyTile);
+    bf16::pack_row_pairs_rounded(tile, static_cast<size_t>(rows), kKeyTile,
+                                 static_cast<size_t>(tile_ld), dst, kKeyTile);
   }
 }
 
@@ -1508,9 +1510,12 @@ void BackwardT(const Problem& p, T* dsinks) {
   }
   // Inputs of a 16-bit type are always packed (widened).
   // The key rows, which dQ = dS K reads as B, are packed too where their stride is a multiple
-  // of 512 bytes (SpreadLd).
-  const int64_t ldk = SpreadLd<T>(ldq);
-  const bool k_in_place = ldq == E && IsComputeType<T>(p.k.dtype) && SpreadLd<T>(p.k.sl) == p.k.sl;
+  // of 512 bytes and the CPU's BackwardMemory spreads them (SpreadLd).
+  const flash::BackwardMemory memory = flash::backward_memory();
+  const int64_t ldk = SpreadLd<T>(ldq, memory.spread);
+  const int64_t tile_ld = SpreadLd<T>(kKeyTile, memory.spread);
+  const bool k_in_place =
+      ldq == E && IsComputeType<T>(p.k.dtype) && SpreadLd<T>(p.k.sl, memory.spread) == p.k.sl;
   const bool dout_in_place = ldo == Ev && !dout_dirty && IsComputeType<T>(p.dout.dtype);
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
 
@@ -1532,8 +1537,8 @@ void BackwardT(const Problem& p, T* dsinks) {
 
   Carver measure;
   measure.take<T>(partial_size);
-  measure.take<T>(n(BH * nkt * E * kTileLd<T>));
-  measure.take<T>(n(BH * nkt * Ev * kTileLd<T>));
+  measure.take<T>(n(BH * nkt * E * tile_ld));
+  measure.take<T>(n(BH * nkt * Ev * tile_ld));
   if (!k_in_place) measure.take<T>(n(BH * S * ldk));
   measure.take<T>(n(BHq * L * ldq));
   if (!dout_in_place) measure.take<T>(n(BHq * L * ldo));
@@ -1546,8 +1551,8 @@ void BackwardT(const Problem& p, T* dsinks) {
   }
   Carver carve(call_shared().reserve(measure.used()));
   T* partial = carve.take<T>(partial_size);  // [chunks][B*Hq][L][ldq]: partial dQ per key chunk
-  T* kt = carve.take<T>(n(BH * nkt * E * kTileLd<T>));
-  T* vt = carve.take<T>(n(BH * nkt * Ev * kTileLd<T>));
+  T* kt = carve.take<T>(n(BH * nkt * E * tile_ld));
+  T* vt = carve.take<T>(n(BH * nkt * Ev * tile_ld));
   T* kp = k_in_place ? nullptr : carve.take<T>(n(BH * S * ldk));
   T* qs = carve.take<T>(n(BHq * L * ldq));
   T* dop = dout_in_place ? nullptr : carve.take<T>(n(BHq * L * ldo));
@@ -1590,6 +1595,8 @@ void BackwardT(const Problem& p, T* dsinks) {
       .ldo = ldo,
       .nkt = nkt,
       .nqt = nqt,
+      .tile_ld = tile_ld,
+      .prefetch = memory.prefetch,
       .pairs = use_pairs ? &pairs : nullptr};
 
   Carver scratch_measure;
@@ -1604,18 +1611,17 @@ void BackwardT(const Problem& p, T* dsinks) {
     for (int64_t t = 0; t < BH * nkt; ++t) {
       const int64_t bh = t / nkt, s0 = (t % nkt) * kKeyTile, kc = std::min(kKeyTile, S - s0);
       const int64_t b = bh / p.Hkv, hkv = bh % p.Hkv;
-      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * kTileLd<T>, kTileLd<T>);
+      PackKeyTile(p, b, hkv, s0, kc, kt + t * E * tile_ld, tile_ld);
       WithStorage<T>(p.v.dtype, [&](auto st) {
         using SV = typename decltype(st)::type;
-        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * kTileLd<T>,
-                      kTileLd<T>);
+        TransposeTile(p.v.row<SV>(b, hkv, 0), p.v.sl, Ev, s0, kc, vt + t * Ev * tile_ld, tile_ld);
       });
       if (!k_in_place) PackRows(p.k, b, hkv, s0, kc, E, T(1), ldk, kp + (bh * S + s0) * ldk);
       const T* kread = sh.k.row(b, hkv, s0);  // what the dS K product reads
       k_unsafe[t] = AllFiniteRows(kread, sh.k.sl, kc, E) ? 0 : 1;
       if (use_pairs) {  // from the float32 tiles, which hold bfloat16 values exactly
-        PackPairRows(kt + t * E * kTileLd<T>, E, kt2 + t * E2 * kKeyTile);
-        PackPairRows(vt + t * Ev * kTileLd<T>, Ev, vt2 + t * Ev2 * kKeyTile);
+        PackPairRows(kt + t * E * tile_ld, tile_ld, E, kt2 + t * E2 * kKeyTile);
+        PackPairRows(vt + t * Ev * tile_ld, tile_ld, Ev, vt2 + t * Ev2 * kKeyTile);
       }
       if (amx_pairs) {  // the key rows as pairs of rows, for dQ = dS K
         bf16::pack_row_pairs(p.k.row<uint16_t>(b, hkv, s0), n(kc), n(E), n(p.k.sl),
@@ -1844,6 +1850,28 @@ const char* fast_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfKerne
 
 void set_backward_chunks_for_test(int chunks) { flash::backward_chunks_for_test = chunks; }
 void set_forward_block_for_test(int block) { flash::forward_block_for_test = block; }
+void set_backward_memory_for_test(int mode) { flash::backward_memory_for_test = mode; }
+
+// The backward's memory choices by CPU. Both were measured on Zen 5 (+1-3% each, at the
+// definitions of SpreadLd and of the prefetch) and both cost on an Intel Xeon (family 6, AVX-512,
+// 2 MiB L2 per core, 2026-12-07; two builds' calls alternating in one process, (1, 8, 4096, E),
+// 2 threads): without the prefetch 1.031x (E = 64) and 1.032x (E = 128), without the spread
+// strides 1.030x and 1.008x, without both 1.060x and 1.047x, and the bfloat16 backward on AMX
+// 1.12x; one case went the other way, grouped queries (Hq 8, Hkv 2) at E = 128, 0.974x without
+// both. Intel CPUs take neither, others (AMD's, whose figures these are) both. Chosen from the
+// vendor, once, so that a machine always runs the same code; the bits are the same either way.
+flash::BackwardMemory flash::backward_memory() {
+  const int forced = backward_memory_for_test.load(std::memory_order_relaxed);
+  if (forced >= 0) return {.spread = forced == 1, .prefetch = forced == 1};
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  if (intel) return {.spread = false, .prefetch = false};
+#endif
+  return {};
+}
 
 void fast_exp_for_test(const float* x, float* y, std::size_t n, bool non_positive) {
   HWY_DYNAMIC_DISPATCH(ExpForTest)(x, y, n, non_positive);

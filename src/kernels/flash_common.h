@@ -31,6 +31,19 @@ inline std::atomic<int> backward_chunks_for_test{-1};
 /// shape, k >= 1 forces min(k, 4).
 inline std::atomic<int> forward_block_for_test{-1};
 
+/// How the fused backward places and fetches its operands: row strides spread off multiples of
+/// 512 bytes (SpreadLd in flash.cpp) and the next query tile's rows prefetched into L2. Neither
+/// changes a bit of any result; each is worth a few percent on some CPUs and costs as much on
+/// others (the measurements are at backward_memory's definition in flash.cpp).
+struct BackwardMemory {
+  bool spread = true;
+  bool prefetch = true;
+};
+/// The choice for this CPU, made once; set_backward_memory_for_test overrides it.
+BackwardMemory backward_memory();
+/// -1: the CPU's choice (the only setting outside tests); 0: neither; 1: both.
+inline std::atomic<int> backward_memory_for_test{-1};
+
 /// Rows are padded to 64 bytes so that every SIMD target's vectors (at most 64 bytes) tile them.
 template <class T>
 inline constexpr std::int64_t kPad = 64 / sizeof(T);

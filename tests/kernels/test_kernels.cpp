@@ -357,6 +357,36 @@ TEST(FastKernel, BitIdenticalForAnyThreadCount) {
   sdpa::detail::set_forward_block_for_test(-1);
 }
 
+// The backward's memory choices (row strides off 512 bytes, the next query tile prefetched;
+// flash::BackwardMemory) differ between CPUs, so each CPU runs only its own unless a test
+// forces the other; both must give the same bits, on every compiled target. E = Ev = 128 and
+// a float64 key tile (1 KiB rows) make every spread stride differ from the plain one; three
+// key tiles, GQA, a mask and causal reach every product and the prefetch's next-tile step;
+// bfloat16 reaches the pairs packed from the spread tiles where the CPU multiplies pairs.
+TEST(FastKernel, BackwardMemoryChoicesGiveTheSameBits) {
+  Case c = make_case(150, 300, 128, 128, Causal::lower_right, 2);
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.options.enable_gqa = true;
+  c.options.threads = 2;
+  for (DType dtype : {DType::float32, DType::float64, DType::bfloat16}) {
+    const Inputs in = make_inputs(c, dtype, 23);
+    for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      sdpa::detail::set_backward_memory_for_test(0);
+      const Outputs plain = run(in, c.options, Impl::fast);
+      sdpa::detail::set_backward_memory_for_test(1);
+      const Outputs spread = run(in, c.options, Impl::fast);
+      const std::string at = std::string(hwy::TargetName(target)) + ", " + sdpa::dtype_name(dtype);
+      EXPECT_TRUE(bit_identical(plain.dq, spread.dq)) << at;
+      EXPECT_TRUE(bit_identical(plain.dk, spread.dk)) << at;
+      EXPECT_TRUE(bit_identical(plain.dv, spread.dv)) << at;
+    }
+  }
+  sdpa::detail::set_backward_memory_for_test(-1);
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // ---- non-finite numbers at masked-out positions -------------------------------------------------
 
 void expect_finite_and_close(const Outputs& fast, const Outputs& truth, const std::string& name) {
