@@ -804,7 +804,8 @@ HWY_INLINE void BlockStep(const Dims& m, const Scratch<T>& w, int64_t r0, int64_
 // ---- bfloat16 pairs: a bfloat16 query over a bfloat16 cache, on vdpbf16ps ------------------
 //
 // Where the call's query is bfloat16 (DecodeProblem::q_bf16), the cache bfloat16, and the CPU
-// takes bfloat16 pairs in its kernels (bf16::pairs_in_kernel(): AMX, or AMD's AVX512_BF16),
+// multiplies bfloat16 pairs on vdpbf16ps at twice the FMA's rate (bf16::dot_pairs_in_kernel():
+// AMD's AVX512_BF16; not Intel's, AMX or not, where it is half that),
 // the AVX3_DL target multiplies the bfloat16 values as they lie instead of widening them:
 //   scores: q . k on vdpbf16ps (each product of two bfloat16 exact in float32, the pairs'
 //           sums in float32), the unscaled bfloat16 query against each K row, then times
@@ -1595,7 +1596,7 @@ void decode_forward(const DecodeProblem& p) {
     return;
   }
   DecodeProblem d = p;
-  if (d.kv_dtype != DType::bfloat16 || !bf16::pairs_in_kernel()) d.q_bf16 = nullptr;
+  if (d.kv_dtype != DType::bfloat16 || !bf16::dot_pairs_in_kernel()) d.q_bf16 = nullptr;
   std::vector<float> lse;  // lse is needed to verify, asked for or not
   if (d.lse == nullptr) {
     lse.resize(static_cast<std::size_t>(d.batch * d.Hq * d.L));

@@ -69,7 +69,7 @@ struct DecodeProblem {
   std::int64_t q_sb = 0, q_sh = 0, q_sl = 0;
   // The same query in bfloat16 (bit patterns, the strides above), when the caller's query is
   // bfloat16 and q holds its exact float32 copy: over a bfloat16 cache, on CPUs where
-  // bf16::pairs_in_kernel() holds, the kernel then multiplies bfloat16 pairs (vdpbf16ps) and
+  // bf16::dot_pairs_in_kernel() holds, the kernel then multiplies bfloat16 pairs (vdpbf16ps) and
   // rounds P to bfloat16 before P V ("bfloat16 pairs" in decode.cpp). Null: float32 products.
   const void* q_bf16 = nullptr;
   void* out = nullptr;

@@ -502,7 +502,7 @@ bool native() { return use_native(); }
 
 bool amx() { return use_amx(); }
 
-bool pairs_in_kernel() {
+bool dot_pairs_in_kernel() {
   const int forced = forced_pairs.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1 && use_native();
 #if SDPA_BF16_NATIVE
@@ -510,10 +510,16 @@ bool pairs_in_kernel() {
     __builtin_cpu_init();
     return __builtin_cpu_is("amd") != 0;
   }();
-  return (amd && use_native()) || use_amx();
+  return amd && use_native();
 #else
   return false;
 #endif
+}
+
+bool pairs_in_kernel() {
+  const int forced = forced_pairs.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1 && use_native();
+  return dot_pairs_in_kernel() || use_amx();
 }
 
 void force_pairs_in_kernel_for_test(int mode) {

@@ -82,6 +82,14 @@ class ScopedAmxOff {
 /// and features alone, so that a machine always gives the same bits; the test hooks override it.
 bool pairs_in_kernel();
 
+/// True when kernels that multiply bfloat16 pairs on vdpbf16ps itself (the decode kernel's
+/// pairs; not bf16::gemm, which takes AMX tiles where it can) are the faster path: native() on a
+/// CPU whose vdpbf16ps does twice the multiply-adds of a float32 FMA at the same rate (AMD's).
+/// On Intel's AVX512_BF16 cores, AMX or not, it issues at half that rate: an all-bfloat16 decode
+/// on them ran 1.22x the float32 decode against 1.33x widened (a Xeon with AMX, 2026-12-07).
+/// The same test hook as pairs_in_kernel(): forced 1 gives native(), 0 false.
+bool dot_pairs_in_kernel();
+
 /// Tests and benchmarks only: 1 makes pairs_in_kernel() equal native() on any CPU, 0 makes it
 /// false, -1 restores the CPU's choice. Not thread-safe against running calls.
 void force_pairs_in_kernel_for_test(int mode);

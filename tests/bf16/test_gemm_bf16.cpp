@@ -367,20 +367,27 @@ TEST(Bf16Cpu, KernelTakesPairsOnAmdCpusWithAvx512Bf16) {
   const bool amd = std::string(vendor) == "AuthenticAMD";
   const bool chosen = (amd && bf16::native()) || bf16::amx();
   EXPECT_EQ(bf16::pairs_in_kernel(), chosen);
+  // vdpbf16ps itself (the decode's pairs) only where it runs at twice the FMA's rate: AMD's,
+  // never Intel's, with AMX or without.
+  EXPECT_EQ(bf16::dot_pairs_in_kernel(), amd && bf16::native());
   {
     const bf16::ScopedPairsInKernel on(1);
     EXPECT_EQ(bf16::pairs_in_kernel(), bf16::native());
+    EXPECT_EQ(bf16::dot_pairs_in_kernel(), bf16::native());
     bf16::force_fallback_for_test(true);
     EXPECT_FALSE(bf16::pairs_in_kernel()) << "the pairs need vdpbf16ps";
+    EXPECT_FALSE(bf16::dot_pairs_in_kernel()) << "the pairs need vdpbf16ps";
     bf16::force_fallback_for_test(false);
   }
   {
     const bf16::ScopedPairsInKernel off(0);
     EXPECT_FALSE(bf16::pairs_in_kernel());
+    EXPECT_FALSE(bf16::dot_pairs_in_kernel());
   }
   {
     const bf16::ScopedAmxOff off;
     EXPECT_EQ(bf16::pairs_in_kernel(), amd && bf16::native());
+    EXPECT_EQ(bf16::dot_pairs_in_kernel(), amd && bf16::native());
   }
   EXPECT_EQ(bf16::pairs_in_kernel(), chosen);
 }
