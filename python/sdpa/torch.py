@@ -47,9 +47,19 @@ def _resolved(t):
 
 def _float_values(obj, what):
     """alibi_slopes or sinks (a tensor or an array-like of floats) as a float64 NumPy array of
-    its own, its shape kept: the bindings check the shape against the query's."""
+    its own, its shape kept: the bindings check the shape against the query's. Complex values
+    are refused, not cast (which would drop their imaginary parts)."""
     if isinstance(obj, torch.Tensor):
+        if obj.is_complex():
+            raise TypeError(f"{what}: expected an array of floats, got dtype "
+                            f"{str(obj.dtype).replace('torch.', '')}")
         return _resolved(obj.detach()).to(device="cpu", dtype=torch.float64).numpy().copy()
+    try:
+        values = np.asarray(obj)
+    except (TypeError, ValueError):
+        values = None
+    if values is not None and values.dtype.kind == "c":
+        raise TypeError(f"{what}: expected an array of floats, got dtype {values.dtype}")
     try:
         return np.array(obj, dtype=np.float64)
     except (TypeError, ValueError):
@@ -64,7 +74,11 @@ def _describe(t):
 def _last_contiguous(t):
     """t itself when its last dimension is contiguous (any other strides are fine), else a copy.
     An empty tensor counts as contiguous to torch, so contiguous() keeps its strides (all 0 for
-    the expanded zeros autograd passes as an empty gradient): it is cloned into C order."""
+    the expanded zeros autograd passes as an empty gradient): it is cloned into C order.
+    A tensor whose data does not start at a multiple of its element size (torch.frombuffer at an
+    odd offset) is copied too: the C++ API reads it through typed, hence aligned, pointers."""
+    if t.numel() > 0 and t.data_ptr() % t.element_size() != 0:
+        return t.clone(memory_format=torch.contiguous_format)
     if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         if t.numel() == 0:
             return t.clone(memory_format=torch.contiguous_format)
@@ -78,7 +92,10 @@ def _empty_like_layout(t, shape, dtype):
     to (N, H, L, E), or a slice of a packed QKV projection, out is (N, L, H, Ev) in memory, so
     that out.transpose(1, 2).reshape(N, L, H * Ev) is a view, not a copy, and a gradient laid out
     like its input flows back through the transposes without copies. The C++ API writes through
-    any such strides."""
+    any such strides.
+    The tensor is allocated with those strides (empty_strided), not as a permuted view of a
+    buffer: a view returned by an autograd Function may not be modified in place (PyTorch
+    raises at out.add_(...) when an input requires grad), where a tensor of its own may."""
     n = len(shape)
     if n <= 1:
         return torch.empty(shape, dtype=dtype)
@@ -86,11 +103,12 @@ def _empty_like_layout(t, shape, dtype):
     order = sorted(range(n - 1), key=lambda i: -strides[i]) + [n - 1]  # stable: ties keep order
     if order == list(range(n)):
         return torch.empty(shape, dtype=dtype)
-    stored = torch.empty([shape[i] for i in order], dtype=dtype)
-    inverse = [0] * n
-    for position, dim in enumerate(order):
-        inverse[dim] = position
-    return stored.permute(inverse)
+    stride = [0] * n
+    step = 1
+    for dim in reversed(order):  # C order over the dimensions as they lie in memory
+        stride[dim] = step
+        step *= max(int(shape[dim]), 1)
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype)
 
 
 def _check_tensor(t, what, allowed):

@@ -232,6 +232,12 @@ BAD_VARIANTS = {
     "seed float, no dropout": {"seed": 1.5},
     "seed negative, no dropout": {"seed": -1},
     "softcap str": {"softcap": "x"},
+    # Complex values are refused, not read as their real parts; several values are no number.
+    "alibi_slopes complex": {"alibi_slopes": [1j, 1, 1]},
+    "alibi_slopes complex tensor": {"alibi_slopes": torch.tensor([1j, 1, 1])},
+    "sinks complex": {"sinks": np.array([0.5j, 0, 0])},
+    "softcap complex": {"softcap": np.complex128(1 + 1j)},
+    "softcap of two values": {"softcap": np.ones(2)},
 }
 
 
