@@ -2,6 +2,7 @@
 // checks defined in sdpa_python.cpp, and the variant keywords of variants_binding.cpp.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -56,6 +57,10 @@ std::int64_t int_option(const py::handle& obj, const char* name);
 std::string string_option(const py::handle& obj, const char* name);
 /// None, or a real number (not a bool).
 std::optional<double> optional_real_option(const py::handle& obj, const char* name);
+/// numpy.asarray(obj) for argument `what`. What numpy.asarray cannot convert (a ragged list, a
+/// torch tensor that requires grad, ...) raises ValueError (for NumPy's own ValueError) or
+/// TypeError naming the argument, the original exception as its cause.
+py::array array_argument(const py::handle& obj, const std::string& what);
 
 // ---- variants_binding.cpp --------------------------------------------------------------------
 

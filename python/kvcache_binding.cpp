@@ -46,7 +46,7 @@ struct Floating {
 
 Floating floating(const py::handle& obj, const std::string& what) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(obj);
+  py::array a = array_argument(obj, what);
   const std::optional<sdpa::DType> d = float_dtype(a.dtype());
   if (!d)
     throw py::type_error(what + ": expected dtype float32, float64 or float16, got " +
@@ -93,7 +93,7 @@ struct Indices {
 
 Indices indices(const py::handle& obj, const std::string& what) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(obj);
+  py::array a = array_argument(obj, what);
   const char kind = a.dtype().kind();
   if (kind != 'i' && kind != 'u') {
     throw py::type_error(what + ": expected an integer dtype (int32), got " + text_of(a.dtype()));
@@ -137,15 +137,9 @@ py::object attention_with_kvcache(const py::object& q, const py::object& k_cache
   if (sl) inputs.cache_seqlens = &sl->ref;
   if (bt) inputs.block_table = &bt->ref;
   sdpa::KVCacheOptions options;
-  if (!scale.is_none()) {
-    // A real number (Python's or NumPy's), not a bool or a string.
-    if (py::isinstance<py::bool_>(scale) || py::isinstance<py::str>(scale) ||
-        !PyNumber_Check(scale.ptr()) || PyComplex_Check(scale.ptr())) {
-      throw py::type_error("scale: expected a real number or None, got " +
-                           py::str(py::type::of(scale).attr("__name__")).cast<std::string>());
-    }
-    options.scale = py::float_(scale).cast<double>();
-  }
+  // None or a real number (Python's or NumPy's), as the scale of the other functions: not a
+  // bool, a string, a complex number or an array.
+  options.scale = optional_real_option(scale, "scale");
   options.causal = causal;
   options.threads = threads;
   try {

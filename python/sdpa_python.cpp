@@ -153,7 +153,7 @@ std::optional<std::vector<std::int64_t>> element_strides(const py::array& a) {
 Input prepare(const py::handle& obj, const std::string& what, Role role,
               Layout layout = Layout::c_order) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(obj);
+  py::array a = array_argument(obj, what);
   const py::dtype dt = a.dtype();
   const std::optional<sdpa::DType> d = accepted_dtype(dt);
   if (role == Role::floating && (!d || *d == sdpa::DType::boolean)) {
@@ -442,7 +442,7 @@ void check_scale(double scale) {
 /// `x` with `axis` moved last, made C-contiguous; `axis` checked against x's rank.
 Input prepare_rows(const py::object& x, const std::string& what, int axis) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(x);
+  py::array a = array_argument(x, what);
   const py::ssize_t rank = a.ndim();
   if (rank == 0) {
     throw py::value_error(what + ": expected rank 1 or more, got shape ()");
@@ -738,6 +738,22 @@ std::optional<double> optional_real_option(const py::handle& obj, const char* na
     type_error(std::string(name) + ": expected None or a real number, got " + given(obj));
   }
   return py::float_(py::reinterpret_borrow<py::object>(obj)).cast<double>();
+}
+
+py::array array_argument(const py::handle& obj, const std::string& what) {
+  try {
+    return py::module_::import("numpy").attr("asarray")(obj);
+  } catch (py::error_already_set& e) {
+    // NumPy's ValueError is about the object's shape (a ragged list); anything else (a torch
+    // tensor that requires grad, an object whose __array__ fails) is about its type.
+    PyObject* type = e.matches(PyExc_ValueError) ? PyExc_ValueError : PyExc_TypeError;
+    const std::string message =
+        what + ": expected an array (anything numpy.asarray takes), got a " +
+        py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>() +
+        " that numpy.asarray refused (" + py::str(e.value()).cast<std::string>() + ")";
+    py::raise_from(e, type, message.c_str());
+    throw py::error_already_set();
+  }
 }
 
 void bind_torch(py::module_& m);  // torch_bindings.cpp

@@ -52,15 +52,29 @@ std::int64_t int64_of(const py::handle& obj, const char* what, const std::string
   return i.cast<std::int64_t>();
 }
 
+// A real number: Python's or NumPy's, or anything float() converts (a one-element tensor), but
+// not a bool, nor a complex number (whose imaginary part float() of NumPy's would drop), nor
+// an object float() refuses (an array of several values).
 double as_number(const py::handle& obj, const char* what) {
-  if (py::isinstance<py::bool_>(obj) ||
-      !(py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj) ||
-        py::hasattr(obj, "__float__"))) {
-    throw sdpa::Error(
+  const py::object numbers = py::module_::import("numbers");
+  const bool is_complex =
+      py::isinstance(obj, numbers.attr("Complex")) && !py::isinstance(obj, numbers.attr("Real"));
+  const auto refuse = [&] {
+    return sdpa::Error(
         sdpa::ErrorKind::bad_type, what,
         "expected a real number, got " + text_of(py::repr(obj)) + " (" + type_of(obj) + ")");
+  };
+  if (py::isinstance<py::bool_>(obj) || is_complex ||
+      !(py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj) ||
+        py::hasattr(obj, "__float__"))) {
+    throw refuse();
   }
-  return obj.cast<double>();
+  PyObject* value = PyNumber_Float(obj.ptr());
+  if (value == nullptr) {
+    PyErr_Clear();
+    throw refuse();
+  }
+  return py::reinterpret_steal<py::float_>(value).cast<double>();
 }
 
 // The values of an array-like of floats (NumPy array, list, torch tensor on the CPU) in C
@@ -72,7 +86,13 @@ std::vector<double> as_values(const py::handle& obj, const char* what,
   const py::module_ np = py::module_::import("numpy");
   py::array a;
   try {
-    a = np.attr("asarray")(obj, "dtype"_a = "float64");
+    a = np.attr("asarray")(obj);
+    // Complex values are refused, not cast (which would drop their imaginary parts).
+    if (a.dtype().kind() == 'c') {
+      throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
+                        "expected an array of floats, got dtype " + text_of(a.dtype()));
+    }
+    a = np.attr("asarray")(a, "dtype"_a = "float64");
   } catch (const py::error_already_set&) {
     throw sdpa::Error(sdpa::ErrorKind::bad_type, what,
                       "expected an array of floats, got " + type_of(obj));
@@ -189,7 +209,7 @@ std::vector<std::int64_t> shape_of(const py::array& a) {
 
 Floating floating(const py::handle& obj, const char* what) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(obj);
+  py::array a = array_argument(obj, what);
   const py::dtype dt = a.dtype();
   sdpa::DType d;
   if (dt.kind() == 'f' && dt.itemsize() == 4) {
@@ -207,7 +227,7 @@ Floating floating(const py::handle& obj, const char* what) {
 
 std::vector<std::int64_t> offsets(const py::handle& obj, const char* what) {
   const py::module_ np = py::module_::import("numpy");
-  py::array a = np.attr("asarray")(obj);
+  py::array a = array_argument(obj, what);
   // An empty list has NumPy's default dtype, float64: it holds no offsets, not float ones.
   if (a.size() == 0 && a.ndim() == 1 && !py::isinstance<py::array>(obj)) {
     throw sdpa::Error(sdpa::ErrorKind::bad_shape, what, "expected B + 1 >= 1 offsets, got none");

@@ -154,3 +154,94 @@ def test_varlen_resources_error_keeps_its_message():
     with pytest.raises(MemoryError) as e:
         sdpa.attention_varlen(q, q, q, [0, n], [0, n], n, n, impl="naive")
     assert message_of(e).startswith("impl naive: its L x S scratch (L = 1048576, S = 1048576")
+
+
+# ---- array arguments numpy.asarray refuses, and real numbers that are not one ----------------
+
+RAGGED = [[1.0, 2.0], [1.0]]
+
+
+def refused_array_calls():
+    """(argument, call) pairs, each passing RAGGED as that argument."""
+    out, lse = sdpa.attention_forward(Q, K, V)
+    kc = np.zeros((1, 7, 2, 8), np.float32)
+    yield "query", lambda: sdpa.scaled_dot_product_attention(RAGGED, K, V)
+    yield "key", lambda: sdpa.attention_forward(Q, RAGGED, V)
+    yield "value", lambda: sdpa.scaled_dot_product_attention(Q, K, RAGGED)
+    yield "attn_mask", lambda: sdpa.scaled_dot_product_attention(Q, K, V, RAGGED)
+    yield "grad_out", lambda: sdpa.attention_backward(Q, K, V, out, lse, RAGGED)
+    yield "x", lambda: sdpa.softmax(RAGGED)
+    yield "q", lambda: sdpa.attention_with_kvcache(RAGGED, kc, kc.copy())
+    yield "cache_seqlens", lambda: sdpa.attention_with_kvcache(Q, kc, kc.copy(),
+                                                               cache_seqlens=RAGGED)
+    yield "query", lambda: sdpa.attention_varlen(RAGGED, VQ, VQ, VCU, VCU, 6, 6)
+    yield "cu_seqlens_k", lambda: sdpa.attention_varlen(VQ, VQ, VQ, VCU, RAGGED, 6, 6)
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_arrays_numpy_refuses_name_the_argument(index):
+    # numpy.asarray's own ValueError ("setting an array element with a sequence") named no
+    # argument.
+    what, call = list(refused_array_calls())[index]
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message_of(e).startswith(what + ": expected an array (anything numpy.asarray takes), "
+                                    "got a list that numpy.asarray refused ("), message_of(e)
+    assert e.value.__cause__ is not None
+
+
+def test_objects_whose_array_conversion_fails_are_a_type_error_naming_the_argument():
+    class Broken:
+        def __array__(self, dtype=None):
+            raise RuntimeError("no array here")
+
+    with pytest.raises(TypeError) as e:
+        sdpa.scaled_dot_product_attention(Q, Broken(), V)
+    assert message_of(e) == ("key: expected an array (anything numpy.asarray takes), got a Broken "
+                             "that numpy.asarray refused (no array here)")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"softcap": np.ones(2)}, "softcap: expected a real number, got array([1., 1.]) (ndarray)"),
+    ({"softcap": np.complex128(1 + 1j)}, "softcap: expected a real number, got (1+1j) (complex128)"),
+    ({"dropout_p": np.array([0.1, 0.2])}, "dropout_p: expected a real number, got array("),
+    ({"dropout_p": np.complex64(0.5)}, "dropout_p: expected a real number, got (0.5+0j) (complex64)"),
+    ({"alibi_slopes": np.array([1j, 1, 1])},
+     "alibi_slopes: expected an array of floats, got dtype complex128"),
+    ({"sinks": [0.5j, 0]}, "sinks: expected an array of floats, got dtype complex128"),
+])
+def test_variant_numbers_that_are_not_real_are_refused(kwargs, fragment):
+    # An array of several values raised pybind11's RuntimeError ("Unable to cast Python instance
+    # to C++ type"), and complex numbers lost their imaginary parts (a ComplexWarning).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError) as e:
+            sdpa.scaled_dot_product_attention(Q, K, V, seed=1, **kwargs)
+    assert message_of(e).startswith(fragment), message_of(e)
+    # One-element arrays and NumPy scalars are numbers, as before.
+    out = sdpa.scaled_dot_product_attention(Q, K, V, softcap=np.array([2.0]),
+                                            dropout_p=np.float32(0.25), seed=1)
+    assert out.shape == (1, 2, 4, 3)
+
+
+@pytest.mark.parametrize("scale, shown", [
+    (np.array([1.0, 2.0]), "array([1., 2.]) (ndarray)"),
+    (np.complex128(0.5 + 2j), "(0.5+2j) (complex128)"),
+    (True, "True (bool)"),
+    ("0.5", "'0.5' (str)"),
+])
+def test_kvcache_scale_is_checked_like_the_other_scales(scale, shown):
+    # An array of two values raised NumPy's unnamed TypeError; a complex scale was read as its
+    # real part.
+    import warnings
+
+    q = np.ones((1, 1, 2, 8), np.float32)
+    kc = np.ones((1, 5, 2, 8), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError) as e:
+            sdpa.attention_with_kvcache(q, kc, kc.copy(), scale=scale)
+    assert message_of(e) == "scale: expected None or a real number, got " + shown
+    assert sdpa.attention_with_kvcache(q, kc, kc.copy(), scale=np.float32(0.5)).shape == (1, 1, 2, 8)
