@@ -367,6 +367,16 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   d.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.E)));
   d.causal = options.causal ? Causal::lower_right : Causal::none;
   d.threads = resolve_threads(options.threads);
+  // New rows are written to both caches: where the two share memory, the value rows would
+  // overwrite key rows (or the reverse) that the call then reads.
+  const auto kv_bytes = [&](const MutableTensorRef& c) {
+    return static_cast<std::size_t>(c.numel()) * dtype_size(d.kv_dtype);
+  };
+  if (r.L_new > 0 && overlap(k_cache.data, kv_bytes(k_cache), v_cache.data, kv_bytes(v_cache))) {
+    throw Error(ErrorKind::bad_value, "v_cache",
+                "expected memory of its own when k and v are appended, got memory that "
+                "overlaps k_cache");
+  }
   // Every check has passed: from here on the call succeeds.
   if (r.L_new > 0) append(r, inputs, k_cache, v_cache);
   if (d.batch * d.L * d.Hq == 0) return;

@@ -226,6 +226,9 @@ def refusals():
     def no_v(a):
         a["v"] = None
 
+    def shared_caches(a):  # the append would write value rows over key rows
+        a["v_cache"] = a["k_cache"]
+
     def page_mismatch(a):
         s = a["v_cache"].shape
         a["v_cache"] = np.zeros((s[0], s[1] // 2, s[2], s[3]), np.float32)
@@ -236,7 +239,8 @@ def refusals():
             ("dtype", dtype, TypeError, "dtype"),
             ("heads", heads, ValueError, "v_cache"),
             ("k without v", no_v, ValueError, "together"),
-            ("pages", page_mismatch, ValueError, "page_size")]
+            ("pages", page_mismatch, ValueError, "page_size"),
+            ("one array as both caches", shared_caches, ValueError, "v_cache: .*overlaps k_cache")]
 
 
 @pytest.mark.parametrize("name,change,error,text", refusals())
