@@ -278,11 +278,13 @@ SDPA_AMX_TARGET inline void AmxRowPanel(std::size_t N, std::size_t K2, const std
                                         std::size_t lda, const std::uint32_t* b, std::size_t ldb,
                                         const std::uint32_t* b_tail, std::size_t ld_tail, float* c,
                                         std::size_t ldc, bool load_c) {
+  // b_tail is null when K2 is a whole number of blocks (AmxBlock then never reads it).
+  const auto tail = [&](std::size_t n) { return b_tail == nullptr ? nullptr : b_tail + n; };
   std::size_t n = 0;
   for (; n + 32 <= N; n += 32) {
-    AmxBlock<MT, 2>(K2, a, lda, b + n, ldb, b_tail + n, ld_tail, c + n, ldc, load_c);
+    AmxBlock<MT, 2>(K2, a, lda, b + n, ldb, tail(n), ld_tail, c + n, ldc, load_c);
   }
-  if (n < N) AmxBlock<MT, 1>(K2, a, lda, b + n, ldb, b_tail + n, ld_tail, c + n, ldc, load_c);
+  if (n < N) AmxBlock<MT, 1>(K2, a, lda, b + n, ldb, tail(n), ld_tail, c + n, ldc, load_c);
 }
 
 SDPA_AMX_TARGET void GemmAmx(bool accumulate, std::size_t M, std::size_t N, std::size_t K2,
@@ -321,7 +323,7 @@ SDPA_AMX_TARGET void GemmAmx(bool accumulate, std::size_t M, std::size_t N, std:
     ldcc = N;
   }
   const bool load_c = direct && accumulate;
-  const std::uint32_t* bt = b_tail.data();
+  const std::uint32_t* bt = K2r != K2 ? b_tail.data() : nullptr;
   CompilerBarrier();
   _tile_loadconfig(&kTileConfig);
   std::size_t m = 0;
