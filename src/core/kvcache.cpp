@@ -293,7 +293,6 @@ void check_outputs(const Resolved& r, const MutableTensorRef& out, const Mutable
   if (lse != nullptr) check_c_order(*lse, "lse");
 }
 
-// Copies the new rows into the caches (after every check passed).
 // True when the byte ranges [a, a + na) and [b, b + nb) share a byte.
 bool overlap(const void* a, std::size_t na, const void* b, std::size_t nb) {
   const auto ia = reinterpret_cast<std::uintptr_t>(a);
@@ -301,6 +300,12 @@ bool overlap(const void* a, std::size_t na, const void* b, std::size_t nb) {
   return na > 0 && nb > 0 && ia < ib + nb && ib < ia + na;
 }
 
+// The bytes a cache spans (the caches are C order).
+std::size_t cache_bytes(const MutableTensorRef& cache, DType dtype) {
+  return static_cast<std::size_t>(cache.numel()) * dtype_size(dtype);
+}
+
+// Copies the new rows into the caches (after every check passed).
 void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& k_cache,
             const MutableTensorRef& v_cache) {
   const detail::DecodeProblem& d = r.decode;
@@ -315,8 +320,8 @@ void append(const Resolved& r, const KVCacheInputs& in, const MutableTensorRef& 
   // before any row is written: copied row by row in place, a later row would read one this
   // call had already overwritten.
   const std::size_t rows = static_cast<std::size_t>(d.batch * r.L_new);
-  const std::size_t kc_bytes = static_cast<std::size_t>(k_cache.numel()) * es;
-  const std::size_t vc_bytes = static_cast<std::size_t>(v_cache.numel()) * es;
+  const std::size_t kc_bytes = cache_bytes(k_cache, d.kv_dtype);
+  const std::size_t vc_bytes = cache_bytes(v_cache, d.kv_dtype);
   std::vector<unsigned char> k_copy, v_copy;
   const auto aliases = [&](const unsigned char* src, std::size_t bytes) {
     return overlap(src, bytes, kc, kc_bytes) || overlap(src, bytes, vc, vc_bytes);
@@ -369,10 +374,8 @@ void attention_with_kvcache(const TensorRef& q, const MutableTensorRef& k_cache,
   d.threads = resolve_threads(options.threads);
   // New rows are written to both caches: where the two share memory, the value rows would
   // overwrite key rows (or the reverse) that the call then reads.
-  const auto kv_bytes = [&](const MutableTensorRef& c) {
-    return static_cast<std::size_t>(c.numel()) * dtype_size(d.kv_dtype);
-  };
-  if (r.L_new > 0 && overlap(k_cache.data, kv_bytes(k_cache), v_cache.data, kv_bytes(v_cache))) {
+  if (r.L_new > 0 && overlap(k_cache.data, cache_bytes(k_cache, d.kv_dtype), v_cache.data,
+                             cache_bytes(v_cache, d.kv_dtype))) {
     throw Error(ErrorKind::bad_value, "v_cache",
                 "expected memory of its own when k and v are appended, got memory that "
                 "overlaps k_cache");

@@ -120,6 +120,7 @@
 
 #include "core/half.h"
 #include "core/problem.h"
+#include "kernels/cpu_vendor.h"
 #include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_common.h"
@@ -1863,13 +1864,7 @@ void set_backward_memory_for_test(int mode) { flash::backward_memory_for_test = 
 flash::BackwardMemory flash::backward_memory() {
   const int forced = backward_memory_for_test.load(std::memory_order_relaxed);
   if (forced >= 0) return {.spread = forced == 1, .prefetch = forced == 1};
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool intel = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
-  }();
-  if (intel) return {.spread = false, .prefetch = false};
-#endif
+  if (cpu_vendor() == CpuVendor::intel) return {.spread = false, .prefetch = false};
   return {};
 }
 

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu_vendor.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/gemm_bf16.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -508,11 +510,7 @@ bool dot_pairs_in_kernel() {
   const int forced = forced_pairs.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1 && use_native();
 #if SDPA_BF16_NATIVE
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  return amd && use_native();
+  return cpu_vendor() == CpuVendor::amd && use_native();
 #else
   return false;
 #endif
