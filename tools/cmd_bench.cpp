@@ -95,10 +95,11 @@ void print_decode(const nlohmann::json& j) {
     }
   }
   std::cout << fmt::format(
-      "  target {}, tiles {} (--kv-tiles {}), {} threads, CPU {}, peak RSS "
-      "{:.0f} MiB\n",
+      "  target {}, tiles {} (--kv-tiles {}), keys in {} order (--kv-order {}), {} threads, CPU "
+      "{}, peak RSS {:.0f} MiB\n",
       j["target"].get<std::string>(), j["kv_tiles_copied"].get<bool>() ? "copied" : "read in place",
-      j["kv_tiles"].get<std::string>(), j["threads"].get<int>(), j["cpu"].get<std::string>(),
+      j["kv_tiles"].get<std::string>(), j["kv_order_pages"].get<bool>() ? "page" : "memory",
+      j["kv_order"].get<std::string>(), j["threads"].get<int>(), j["cpu"].get<std::string>(),
       j["max_rss_mib"].get<double>());
 }
 
@@ -174,6 +175,13 @@ void add_bench_command(CLI::App& app) {
                   "or in-place; the results are bit-identical")
       ->check(CLI::IsMember({"auto", "copy", "in-place"}))
       ->capture_default_str();
+  cmd->add_option("--kv-order", c.kv_order,
+                  "with --kv-cache: the order in which the decode kernel takes the keys of cache "
+                  "rows shorter than a page: auto (page on Intel CPUs, memory elsewhere), memory "
+                  "(each tile's keys consecutive) or page (tiles interleaved so that each page "
+                  "is read front to back); the orders agree to rounding")
+      ->check(CLI::IsMember({"auto", "memory", "page"}))
+      ->capture_default_str();
   cmd->add_flag("--peak", a->peak,
                 "only measure the FP32 FMA peak (register-only loop, best SIMD target) and the "
                 "streaming-read bandwidth (sum of a 512 MiB array, median of 5)");
@@ -230,7 +238,7 @@ void add_bench_command(CLI::App& app) {
     }
     if (!a->config.kv_cache) {
       for (const char* flag :
-           {"--page-size", "--kv-lens", "--kv-dtype", "--kv-compare", "--kv-tiles"}) {
+           {"--page-size", "--kv-lens", "--kv-dtype", "--kv-compare", "--kv-tiles", "--kv-order"}) {
         if (cmd->count(flag) > 0) {
           throw Error(ErrorKind::bad_value, flag,
                       "expected only with --kv-cache (it sets up the decode benchmark), got no "

@@ -336,6 +336,16 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
       config.kv_tiles == "copy"       ? detail::DecodeTileRead::copy
       : config.kv_tiles == "in-place" ? detail::DecodeTileRead::in_place
                                       : detail::DecodeTileRead::automatic)};
+  if (config.kv_order != "auto" && config.kv_order != "memory" && config.kv_order != "page") {
+    throw Error(fmt::format("--kv-order: expected auto, memory or page, got {}", config.kv_order));
+  }
+  struct KeyOrderScope {
+    detail::DecodeKeyOrder previous;
+    ~KeyOrderScope() { detail::set_decode_key_order(previous); }
+  } const key_order{detail::set_decode_key_order(
+      config.kv_order == "memory" ? detail::DecodeKeyOrder::memory
+      : config.kv_order == "page" ? detail::DecodeKeyOrder::page
+                                  : detail::DecodeKeyOrder::automatic)};
   const std::int64_t H = config.heads, L = config.seq;
   const std::int64_t Hkv = config.kv_heads == 0 ? H : config.kv_heads;
   const std::int64_t E = config.dim, Ev = config.value_dim == 0 ? E : config.value_dim;
@@ -529,6 +539,9 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   // What the rule chose for these caches (position-major; with one kv head nothing is copied).
   j["kv_tiles"] = config.kv_tiles;
   j["kv_tiles_copied"] = Hkv > 1 && detail::decode_copies_tiles();
+  // The key order's rule, and whether it takes page order on this CPU (where the shape allows).
+  j["kv_order"] = config.kv_order;
+  j["kv_order_pages"] = detail::decode_orders_pages();
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -37,6 +37,7 @@ struct BenchConfig {
   // How the decode kernel reads a position-major cache's tiles: "auto" (its rule), "copy" or
   // "in-place" (detail::DecodeTileRead), set for the run and restored after it.
   std::string kv_tiles = "auto";
+  std::string kv_order = "auto";
   // Attention variants (docs/variants.md), run_bench only: a sliding window (-1: unbounded
   // side), a logit softcap (0: off), ALiBi with BLOOM's slopes 2^(-8 (h + 1) / H), one sink
   // logit of 0 per head, dropout with its seed. With a window, the FLOP count is that of the

@@ -72,6 +72,7 @@
 #include <type_traits>
 
 #include "core/half.h"
+#include "kernels/cpu_vendor.h"
 #include "kernels/flash_common.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/workspace.h"
@@ -240,6 +241,10 @@ struct Dims {
   bool direct;      // DecodeItemDirect serves the call
   bool copy_tiles;  // ... reading each tile from a copy in the cache's own dtype
   bool pairs;       // ... on bfloat16 pairs (a bfloat16 query and cache, AVX3_DL)
+  // Tiles in page order: groups of page_rows tiles whose keys interleave, tile i of a group
+  // taking its keys i, i + page_rows, ... (1: each tile's keys consecutive; "Page order").
+  int64_t page_rows;
+  bool far_prefetch;  // the far prefetches of 16-bit caches (kDecodeAheadTiles) are issued
   // The copied tile: each head's kDecodeTile rows of Epad (Evpad) elements of the cache's
   // dtype, then one cache line of padding (CopyLayout).
   int64_t kcopy_head, vcopy_head;
@@ -326,6 +331,19 @@ void RowOffsets(const DecodeProblem& p, int64_t b, int64_t s, int64_t n, int64_t
     ko[j] = page * p.k_page + off * p.k_row;
     vo[j] = page * p.v_page + off * p.v_row;
     ++off;
+  }
+}
+
+// RowOffsets for the n keys s, s + step, s + 2 step, ... of sequence b.
+void RowOffsetsStrided(const DecodeProblem& p, int64_t b, int64_t s, int64_t step, int64_t n,
+                       int64_t* ko, int64_t* vo) {
+  const std::int32_t* table = p.block_table != nullptr ? p.block_table + b * p.max_blocks : nullptr;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t key = s + j * step;
+    const int64_t page = table != nullptr ? table[key / p.page_size] : b;
+    const int64_t off = table != nullptr ? key % p.page_size : key;
+    ko[j] = page * p.k_page + off * p.k_row;
+    vo[j] = page * p.v_page + off * p.v_row;
   }
 }
 
@@ -987,6 +1005,8 @@ inline void DeinterleaveRows(int64_t nrows, int64_t Ev, int64_t ldv, float* acc,
 //   cache 5.6-5.8 -> 4.9-5.1 ms, float32 query over a bfloat16 cache 6.3 -> 5.6 ms, float16
 //   6.5 -> 5.6 ms, float32 cache 9.6-12.2 -> 9.6-10.1 ms (minimums 9.4-11.4 -> 8.9-9.5).
 // Far distances of 1 and 4 tiles measured the same or slower than 2.
+// On Intel CPUs, and wherever the keys are taken in page order, there are no far prefetches
+// (Dims::far_prefetch; measured with page order below).
 constexpr int64_t kDecodeAheadTiles = 2;
 
 // Where an item holds every kv head and a position's heads lie one after the other (the
@@ -1012,6 +1032,36 @@ constexpr int64_t kDecodeAheadTiles = 2;
 // 1.10x, Hkv 2 1.04x, E 64 1.01x; over a bfloat16 cache the later value prefetches measured
 // 0.93x). Unrolling the prefetch loops (a constant row size) measured 0.92-0.96x from memory.
 constexpr int64_t kDecodeAheadRows = 12;
+
+// Page order (DecodeKeyOrder in decode.h). A kv head's pass over a tile reads E elements of each
+// of its 16 rows. Where a cache row (every kv head of a position) is shorter than a 4 KiB page,
+// a page holds several consecutive rows, and in memory order the pass reads it in as many
+// interleaved pieces (bfloat16, Hkv 8, E 128: lines 0-3 and 32-35 of each page, then 4-7 and
+// 36-39 for the next head, ...). Intel's L2 streamer follows one ascending walk per page, so
+// there most lines came in on the L1's own requests (the near prefetches), whose few fill
+// buffers bound the read: 16-bit caches read at ~55% of the streaming read against ~82% for
+// float32 caches, whose 4 KiB rows are each one page read front to back. In page order the P =
+// 4096 / (row bytes in 16-bit elements) tiles of a group interleave their keys (tile i takes
+// keys i, i + P, ...), so that every page is read front to back, one row after the other, over
+// the group's passes. P is counted in 16-bit elements whatever the cache's dtype, so that a
+// 16-bit cache and its widened float32 copy sum their keys in one order; a group is taken in
+// page order only where every row of the item sees all of its keys (so each of its tiles is
+// whole and seen whole), else in memory order. Measured on an Intel Xeon (family 6 model 167,
+// 48 KiB L1d, AVX3_DL, 2 threads; sdpa_ab_builds, paired calls of the two builds, float32
+// query, 12-16 pairs each), page order with no far prefetches against memory order with them:
+//   Hq 32, Hkv 8, S 32768, E 128: bfloat16 1.35x, float16 1.34x, float32 1.02x (its rows are
+//   a page: P = 2 only spreads the tiles, at the same speed);
+//   bfloat16 / float32: Hkv 4 1.23x / 1.35x; Hkv 2 (S 65536) 1.14x / 1.33x; Hkv 1 (S 131072)
+//   1.04x / 1.22x; E 64 1.20x / 1.21x; S 8192 1.34x / 1.04x; batch 4 at S 8192 1.33x / 1.04x;
+//   L 4 1.11x / 1.05x; one thread 1.34x / 1.06x.
+// Parts of it, bfloat16 at the first shape: without the far prefetches alone 1.09x (float16
+// 1.13x); page order alone, far prefetches kept, 0.99x of page order without them; page order
+// without the near prefetches 0.79x (the streamer does not replace them); the far prefetches
+// at every other line (128 bytes) or every fourth 0.80x and 0.86x of none; near prefetches at
+// every other line 0.64x. `sdpa bench --kv-cache --kv-order memory|page` forces either order.
+// Not measured on AMD's cores, whose rule stays memory order with the far prefetches.
+constexpr int64_t kDecodePageBytes = 4096;
+constexpr int64_t kDecodeMaxPageRows = 16;
 
 // True when rows off[0..n) lie `row` elements apart, one after the other. Unused by the targets
 // whose decode never reads rows in place.
@@ -1103,12 +1153,27 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
   using Bits = std::conditional_t<sizeof(Tc) == 2, std::uint16_t, Tc>;
   Tc* kcopy = reinterpret_cast<Tc*>(w.kt);
   Tc* vcopy = reinterpret_cast<Tc*>(w.vt);
+  // Keys [it.s0, all_see) are visible to every row; a group of tiles in page order lies within
+  // them, so that each of its tiles is whole and seen whole by every row.
+  int64_t all_see = end;
+  for (int64_t r = 0; r < it.nh * gl; ++r) all_see = std::min(all_see, w.last[r] + 1);
+  const int64_t group_keys = m.page_rows * kDecodeTile;
+  // The rows of the tile at keys [s, s + n): consecutive keys, or in page order.
+  const auto tile_rows = [&](int64_t s, int64_t n, int64_t* k_off, int64_t* v_off) {
+    const int64_t t = (s - it.s0) / kDecodeTile;
+    const int64_t first = it.s0 + (t / m.page_rows) * group_keys;
+    if (m.page_rows > 1 && first + group_keys <= all_see) {
+      RowOffsetsStrided(p, it.b, first + t % m.page_rows, m.page_rows, kDecodeTile, k_off, v_off);
+    } else {
+      RowOffsets(p, it.b, s, n, k_off, v_off);
+    }
+  };
   for (int64_t s0 = it.s0; s0 < end; s0 += kDecodeTile) {
     const int64_t kc = std::min(kDecodeTile, end - s0);
-    RowOffsets(p, it.b, s0, kc, ko, vo);
+    tile_rows(s0, kc, ko, vo);
     const int64_t s_pf = s0 + (whole_rows ? kDecodeAheadRows : kDecodeAheadTiles * kDecodeTile);
     // Copied tiles take the far rows only as runs (see "Copied tiles").
-    const int64_t n_pf = sizeof(Tc) < sizeof(T) && (whole_rows || !m.copy_tiles)
+    const int64_t n_pf = m.far_prefetch && sizeof(Tc) < sizeof(T) && (whole_rows || !m.copy_tiles)
                              ? std::clamp<int64_t>(end - s_pf, 0, kDecodeTile)
                              : 0;
     RowOffsets(p, it.b, s_pf, n_pf, ko_pf, vo_pf);
@@ -1118,7 +1183,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
     // The near prefetches' rows of the next tile (for the item's first head).
     const bool near = !m.copy_tiles && it.nh > 1;
     const int64_t n_next = near ? std::clamp<int64_t>(end - (s0 + kDecodeTile), 0, kDecodeTile) : 0;
-    RowOffsets(p, it.b, s0 + kDecodeTile, n_next, ko_next, vo_next);
+    tile_rows(s0 + kDecodeTile, n_next, ko_next, vo_next);
     if (m.copy_tiles) {
       for (int64_t j = 0; j < kc; ++j) {
         for (int64_t hh = 0; hh < it.nh; ++hh) {
@@ -1302,6 +1367,7 @@ void DecodeT(const DecodeProblem& p) {
   const int64_t groups = flash::ceil_div(p.Hkv, fit);
   m.heads_per_item = flash::ceil_div(p.Hkv, groups);
 
+  m.page_rows = 1;
   if (m.direct) {
     // Every kv head of a position in one item, so that an item walks whole cache rows (all
     // heads of a position, then the next position) and the hardware prefetchers see each
@@ -1333,6 +1399,16 @@ void DecodeT(const DecodeProblem& p) {
     m.pairs = std::is_same_v<Tc, hwy::bfloat16_t> && p.q_bf16 != nullptr && p.E % 32 == 0 &&
               p.Ev % 64 == 0;
 #endif
+    // Page order where the items read whole cache rows of less than a page in 16-bit elements,
+    // whatever the cache's dtype, so that a 16-bit cache and its widened float32 copy take their
+    // keys in the same order ("Page order").
+    const bool whole_rows = m.heads_per_item == p.Hkv && p.k_head == p.E && p.v_head == p.Ev &&
+                            p.k_row == p.Hkv * p.E && p.v_row == p.Hkv * p.Ev;
+    const int64_t row_bytes16 = std::max(p.k_row, p.v_row) * 2;
+    if (decode_orders_pages() && whole_rows && row_bytes16 < kDecodePageBytes) {
+      m.page_rows = std::min(kDecodePageBytes / row_bytes16, kDecodeMaxPageRows);
+    }
+    m.far_prefetch = m.page_rows == 1 && cpu_vendor() != CpuVendor::intel;
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
   const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
@@ -1464,6 +1540,7 @@ HWY_EXPORT(DecodeTargetName);
 
 namespace {
 std::atomic<DecodeTileRead> g_tile_read{DecodeTileRead::automatic};
+std::atomic<DecodeKeyOrder> g_key_order{DecodeKeyOrder::automatic};
 
 // The L1 data cache is at most 32 KiB (glibc reads it from CPUID); false when unknown.
 bool small_l1_data_cache() {
@@ -1489,6 +1566,19 @@ bool decode_copies_tiles() {
       return false;
     default:
       return small_l1_data_cache();
+  }
+}
+
+DecodeKeyOrder set_decode_key_order(DecodeKeyOrder rule) { return g_key_order.exchange(rule); }
+
+bool decode_orders_pages() {
+  switch (g_key_order.load()) {
+    case DecodeKeyOrder::page:
+      return true;
+    case DecodeKeyOrder::memory:
+      return false;
+    default:
+      return cpu_vendor() == CpuVendor::intel;
   }
 }
 

@@ -123,4 +123,23 @@ DecodeTileRead set_decode_tile_read(DecodeTileRead rule);
 /// rule.
 bool decode_copies_tiles();
 
+/// The order in which the direct path takes the keys of an item that reads whole cache rows
+/// (every kv head of a position) of less than a page (4 KiB): `memory` takes each tile's 16 keys
+/// consecutively; `page` takes groups of P = min(4096 / row bytes, 16) tiles together, tile i of
+/// a group holding the group's keys i, i + P, i + 2 P, ..., so that every kv head's pass over a
+/// tile reads each page's bytes front to back, as the hardware prefetchers follow them.
+/// `automatic` takes page order on Intel CPUs and memory order elsewhere (decode.cpp, "Page
+/// order", gives the measurements behind the rule). Keys are summed in the order taken, so the
+/// two orders agree to rounding, not bit for bit; either order is the same for every thread
+/// count, and reading tiles in place or from a copy never changes it.
+enum class DecodeKeyOrder { automatic, memory, page };
+
+/// Sets the rule for the calls that start after it (benchmarks and tests); returns the previous
+/// rule.
+DecodeKeyOrder set_decode_key_order(DecodeKeyOrder rule);
+
+/// Whether a direct-path call over a position-major cache may take page order under the current
+/// rule.
+bool decode_orders_pages();
+
 }  // namespace sdpa::detail

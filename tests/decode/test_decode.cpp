@@ -913,6 +913,19 @@ std::vector<CacheCase> direct_path_cases(DType dtype, std::uint64_t seed, int64_
   return cases;
 }
 
+// The call's caches and appended rows (made in c.dtype) converted to kv.
+void to_cache_dtype(const CacheCase& c, CacheCall& x, DType kv) {
+  if (kv == c.dtype) return;
+  x.k_cache = x.k_cache.astype(kv);
+  x.v_cache = x.v_cache.astype(kv);
+  if (c.L_new > 0) {
+    x.k = x.k.astype(kv);
+    x.v = x.v.astype(kv);
+    x.k_ref = x.k.ref();
+    x.v_ref = x.v.ref();
+  }
+}
+
 // The direct path reads a position-major cache either from a copy of each tile or in place
 // (DecodeTileRead): the two must agree bit for bit (every sum in the same order), on every
 // compiled target, over float32 and 16-bit caches, contiguous and paged, with appends, GQA,
@@ -927,16 +940,7 @@ TEST(Decode, CopiedAndInPlaceTilesAgreeBitForBit) {
   for (const CacheCase& c : cases) {
     for (DType kv : caches) {
       CacheCall x = make_call(c);
-      if (kv != DType::float32) {
-        x.k_cache = x.k_cache.astype(kv);
-        x.v_cache = x.v_cache.astype(kv);
-        if (c.L_new > 0) {
-          x.k = x.k.astype(kv);
-          x.v = x.v.astype(kv);
-          x.k_ref = x.k.ref();
-          x.v_ref = x.v.ref();
-        }
-      }
+      to_cache_dtype(c, x, kv);
       // Each call appends into the caches: every run starts from these copies.
       const Array k0 = x.k_cache.astype(kv), v0 = x.v_cache.astype(kv);
       for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
@@ -1172,6 +1176,139 @@ TEST(KVCache, BfloatPairsMatchTheReference) {
         }
       }
     }
+  }
+}
+
+namespace {
+
+// Shapes whose items read whole cache rows of less than a page in 16-bit elements, so that page
+// order groups 16, 8 and 2 tiles: Hkv 1 at E 64 (one sequence over three chunks of keys); Hkv 4
+// at E 64 and Hkv 8 at E 128 with 16 sequences (no item splits the heads), paged with appends
+// and causal rows, lengths on and off the groups' edges.
+std::vector<CacheCase> page_order_cases() {
+  std::vector<CacheCase> cases;
+  CacheCase a;
+  a.Hq = 4;
+  a.Hkv = 1;
+  a.E = a.Ev = 64;
+  a.batch = 2;
+  a.capacity = 1200;
+  a.seqlens = {1100, 300};
+  a.seed = 1501;
+  cases.push_back(a);
+  CacheCase b;
+  b.Hq = 8;
+  b.Hkv = 4;
+  b.E = b.Ev = 64;
+  b.batch = 16;
+  b.page = 16;
+  b.capacity = 320;
+  b.seqlens = {300, 129, 128, 127, 0, 1, 64, 200, 255, 256, 257, 17, 130, 33, 140, 160};
+  b.L = 3;
+  b.L_new = 2;
+  b.causal = true;
+  b.seed = 1502;
+  cases.push_back(b);
+  CacheCase c;
+  c.Hq = 32;
+  c.Hkv = 8;
+  c.E = c.Ev = 128;
+  c.batch = 16;
+  c.capacity = 128;
+  c.seqlens = {100, 64, 33, 31, 96, 0, 128, 65, 5, 127, 32, 63, 70, 99, 1, 80};
+  c.seed = 1503;
+  cases.push_back(c);
+  return cases;
+}
+
+}  // namespace
+
+// Page order (DecodeKeyOrder), each order forced, on every compiled target, over float32 and
+// 16-bit caches: the accuracy rule against the float64 reference; copied and in-place tiles, 1
+// and 3 threads bit-identical; a 16-bit cache equal to its widened float32 copy (the order does
+// not depend on the dtype); all-bfloat16 calls (the pairs where the target has them) within
+// the rule; and the two orders differing somewhere where the target has the direct path, so that
+// page order was taken.
+TEST(Decode, PageOrderKeepsEveryGuarantee) {
+  namespace d = sdpa::detail;
+  struct Restore {
+    ~Restore() {
+      d::set_decode_tile_read(d::DecodeTileRead::automatic);
+      d::set_decode_key_order(d::DecodeKeyOrder::automatic);
+      hwy::SetSupportedTargetsForTest(0);
+    }
+  } restore;
+  const std::vector<CacheCase> cases = page_order_cases();
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    bool orders_differ = false;
+    for (const CacheCase& c0 : cases) {
+      Result by_order[2];
+      for (int page : {0, 1}) {
+        d::set_decode_key_order(page ? d::DecodeKeyOrder::page : d::DecodeKeyOrder::memory);
+        for (DType kv : {DType::float32, DType::float16, DType::bfloat16}) {
+          CacheCase c = c0;
+          const std::string what =
+              fmt::format("{} cache {} order {} target {}", c.name(), sdpa::dtype_name(kv),
+                          page ? "page" : "memory", d::decode_kernel_target());
+          SCOPED_TRACE(what);
+          CacheCall x = make_call(c);
+          to_cache_dtype(c, x, kv);
+          // Each call appends into the caches: every run starts from these copies.
+          const Array k0 = x.k_cache.astype(kv), v0 = x.v_cache.astype(kv);
+          const auto run = [&](d::DecodeTileRead read, int threads) {
+            d::set_decode_tile_read(read);
+            c.threads = threads;
+            std::memcpy(x.k_cache.data(), k0.data(), k0.nbytes());
+            std::memcpy(x.v_cache.data(), v0.data(), v0.nbytes());
+            return run_kvcache(c, x);
+          };
+          const auto same = [](const Result& r, const Result& s) {
+            return std::memcmp(r.out.data(), s.out.data(), r.out.nbytes()) == 0 &&
+                   std::memcmp(r.lse.data(), s.lse.data(), r.lse.nbytes()) == 0;
+          };
+          const Result copied = run(d::DecodeTileRead::copy, 1);
+          const Result three = run(d::DecodeTileRead::in_place, 3);
+          const Result first = run(d::DecodeTileRead::in_place, 1);
+          ASSERT_TRUE(same(first, copied)) << "copied and in-place tiles";
+          ASSERT_TRUE(same(first, three)) << "1 and 3 threads";
+          if (kv == DType::float32) {
+            check_against_reference(c, x, first);
+            by_order[page] =
+                Result{first.out.astype(DType::float32), first.lse.astype(DType::float32)};
+            continue;
+          }
+          // The same call over float32 caches holding the 16-bit values, widened.
+          CacheCall w = make_call(c);
+          w.k_cache = k0.astype(DType::float32);
+          w.v_cache = v0.astype(DType::float32);
+          if (c.L_new > 0) {
+            w.k = x.k.astype(DType::float32);
+            w.v = x.v.astype(DType::float32);
+            w.k_ref = w.k.ref();
+            w.v_ref = w.v.ref();
+          }
+          c.threads = 1;
+          const Result widened = run_kvcache(c, w);
+          ASSERT_TRUE(same(first, widened)) << "16-bit cache against its widened float32 copy";
+          check_against_reference(c, w, widened);
+        }
+        // All-bfloat16 (query and caches), with the pairs forced on and off.
+        for (int pairs : {0, 1}) {
+          const d::bf16::ScopedPairsInKernel mode(pairs);
+          CacheCase c = c0;
+          c.dtype = DType::bfloat16;
+          SCOPED_TRACE(fmt::format("{} order {} pairs {} target {}", c.name(),
+                                   page ? "page" : "memory", pairs, d::decode_kernel_target()));
+          check_case(c);
+        }
+      }
+      orders_differ = orders_differ || std::memcmp(by_order[0].out.data(), by_order[1].out.data(),
+                                                   by_order[0].out.nbytes()) != 0;
+    }
+    // The scalar targets have no direct path: both orders are memory order there.
+    const bool direct = target != HWY_SCALAR && target != HWY_EMU128;
+    EXPECT_EQ(orders_differ, direct) << "the orders differ on target " << d::decode_kernel_target();
   }
 }
 

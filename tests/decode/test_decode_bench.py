@@ -82,6 +82,16 @@ check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles_copied"] is False,
 r = run(*tiny, "--kv-seq", "300")
 check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles"] == "auto", "bench: --kv-tiles auto")
 
+# --kv-order: each rule is reported; forcing one decides the order (the orders agree to
+# rounding, so the outputs are not compared here: tests/decode/test_decode.cpp does).
+for rule, pages in (("memory", False), ("page", True)):
+    r = run(*tiny, "--kv-seq", "300", "--kv-order", rule)
+    check(r.returncode == 0, f"bench --kv-order {rule} exit {r.returncode}: {r.stderr}")
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        check(j["kv_order"] == rule and j["kv_order_pages"] is pages,
+              f"bench --kv-order {rule}: {j['kv_order']} {j['kv_order_pages']}")
+
 r = run("--peak", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["read_gbps"] > 0, "bench --peak --json read_gbps")
 
@@ -92,6 +102,8 @@ for bad, option in ((["--kv-cache", "--page-size", "-1"], "--page-size"),
                     (["--kv-cache", "--kv-compare", "float16,float16"], "--kv-compare"),
                     (["--kv-cache", "--kv-compare", "float64"], "--kv-compare"),
                     (["--kv-cache", "--kv-tiles", "sometimes"], "--kv-tiles"),
+                    (["--kv-cache", "--kv-order", "sideways"], "--kv-order"),
+                    (["--kv-order", "page"], "--kv-order"),
                     (["--kv-cache", "--dtype", "float16", "--kv-dtype", "bfloat16"], "--dtype"),
                     (["--kv-cache", "--dtype", "bfloat16"], "--dtype")):
     r = run(*bad)
