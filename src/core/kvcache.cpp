@@ -70,9 +70,8 @@ void check_float_rank4(const TensorRef& t, const char* what, const char* layout,
                   fmt::format("expected non-negative dimensions, got {}", shape_string(t.shape)));
     }
   }
-  if (t.data == nullptr && checked_numel(t.shape, dtype_size(t.dtype), what) > 0) {
-    throw Error(ErrorKind::bad_value, what, "data pointer is null");
-  }
+  detail::check_data(t.data, dtype_size(t.dtype),
+                     checked_numel(t.shape, dtype_size(t.dtype), what) > 0, what);
   check_c_order(t, what);
 }
 
@@ -165,9 +164,7 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
                   fmt::format("expected page_size >= 1 at dimension 1, got shape {}",
                               shape_string(k_cache.shape)));
     }
-    if (bt.data == nullptr && bt.shape[0] * bt.shape[1] > 0) {
-      throw Error(ErrorKind::bad_value, "block_table", "data pointer is null");
-    }
+    detail::check_data(bt.data, sizeof(std::int32_t), bt.shape[0] * bt.shape[1] > 0, "block_table");
     r.num_blocks = k_cache.shape[0];
     d.page_size = k_cache.shape[1];
     d.max_blocks = bt.shape[1];
@@ -187,9 +184,7 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
           ErrorKind::bad_shape, "cache_seqlens",
           fmt::format("expected shape (batch = {},), got {}", d.batch, shape_string(sl.shape)));
     }
-    if (sl.data == nullptr && d.batch > 0) {
-      throw Error(ErrorKind::bad_value, "cache_seqlens", "data pointer is null");
-    }
+    detail::check_data(sl.data, sizeof(std::int32_t), d.batch > 0, "cache_seqlens");
     for (int64_t b = 0; b < d.batch; ++b) {
       const int64_t n = sl.data[b];
       if (n < 0 || n > r.capacity) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -65,6 +66,20 @@ void* allocate(std::int64_t bytes, const char* what) {
 }
 
 }  // namespace
+
+void check_data(const void* data, std::size_t element_size, bool has_elements, const char* what) {
+  if (data == nullptr) {
+    if (has_elements) throw Error(ErrorKind::bad_value, what, "data pointer is null");
+    return;
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(data);
+  if (element_size > 1 && address % element_size != 0) {
+    throw Error(ErrorKind::bad_value, what,
+                fmt::format("expected a data pointer aligned to its element size ({} bytes), got "
+                            "address {:#x} ({} bytes past a multiple)",
+                            element_size, address, address % element_size));
+  }
+}
 
 void check_strides(const TensorRef& t, const char* what, bool output) {
   if (t.strides.empty()) return;

@@ -23,6 +23,11 @@ namespace sdpa::detail {
 /// dimensions, sorted by stride, must each step past the whole extent of the smaller ones).
 void check_strides(const TensorRef& t, const char* what, bool output);
 
+/// Throws sdpa::Error (bad_value) naming `what` when `data` is null while the tensor has elements,
+/// or not a multiple of `element_size` bytes: the kernels read and write whole elements of the
+/// tensor's type there, which a misaligned address makes undefined behaviour in C++.
+void check_data(const void* data, std::size_t element_size, bool has_elements, const char* what);
+
 /// True when `t` can be read as C-contiguous: empty strides, or strides equal to C order except
 /// along dimensions of size 1 (whose stride never matters).
 bool is_contiguous(const TensorRef& t);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/layout.h"
 #include "sdpa/array.h"
 
 namespace sdpa::detail {
@@ -24,9 +25,7 @@ void check_float(const TensorRef& t, const char* what) {
                             shape_string(t.shape), t.shape.size()));
   }
   checked_numel(t.shape, dtype_size(t.dtype), what);
-  if (t.data == nullptr && t.numel() != 0) {
-    throw Error(ErrorKind::bad_value, what, "data pointer is null");
-  }
+  check_data(t.data, dtype_size(t.dtype), t.numel() != 0, what);
 }
 
 std::int64_t dim(const TensorRef& t, int from_end) {
@@ -115,9 +114,7 @@ void check_tensor(const TensorRef& t, DType dtype, const std::vector<std::int64_
   }
   // Checked: an output's shape is derived from several inputs and may overflow where none did.
   const std::int64_t n = checked_numel(t.shape, dtype_size(t.dtype), what);
-  if (t.data == nullptr && n != 0) {
-    throw Error(ErrorKind::bad_value, what, "data pointer is null");
-  }
+  check_data(t.data, dtype_size(t.dtype), n != 0, what);
 }
 
 Problem resolve_problem(const TensorRef& query, const TensorRef& key, const TensorRef& value,
@@ -272,9 +269,7 @@ Problem resolve_problem(const TensorRef& query, const TensorRef& key, const Tens
       stride[lead + i] = (md == 1) ? 0 : own;
       running *= md;
     }
-    if (m.data == nullptr && m.numel() != 0) {
-      throw Error(ErrorKind::bad_value, "mask", "data pointer is null");
-    }
+    check_data(m.data, dtype_size(m.dtype), m.numel() != 0, "mask");
     p.mask.present = true;
     p.mask.dtype = m.dtype;
     p.mask.data = m.data;

@@ -488,6 +488,37 @@ TEST(BadInputApi, ShapesAndOptions) {
                                  base, out.mut());
        },
        "query: data pointer is null"},
+      {"misaligned data",
+       [&] {
+         Array out(DType::float32, {kB, kH, kL, kEv});
+         const Array storage = random_array(DType::float32, {q.numel() + 1}, 4);
+         const sdpa::TensorRef shifted{static_cast<const char*>(storage.data()) + 2, DType::float32,
+                                       q.shape()};
+         sdpa::attention_forward(shifted, k, v, nullptr, base, out.mut());
+       },
+       "query: expected a data pointer aligned to its element size (4 bytes)"},
+      {"misaligned out",
+       [&] {
+         Array storage(DType::float64, {kB * kH * kL * kEv + 1});
+         const sdpa::MutableTensorRef out{
+             static_cast<char*>(storage.data()) + 4, DType::float64, {kB, kH, kL, kEv}};
+         sdpa::attention_forward(random_array(DType::float64, q.shape(), 1),
+                                 random_array(DType::float64, k.shape(), 2),
+                                 random_array(DType::float64, v.shape(), 3), nullptr, base, out);
+       },
+       "out: expected a data pointer aligned to its element size (8 bytes)"},
+      {"misaligned grad_out",
+       [&] {
+         Array out(DType::float32, {kB, kH, kL, kEv}), lse(DType::float32, {kB, kH, kL});
+         const Array storage = random_array(DType::float32, {kB * kH * kL * kEv + 1}, 4);
+         const sdpa::TensorRef dout{
+             static_cast<const char*>(storage.data()) + 1, DType::float32, {kB, kH, kL, kEv}};
+         Array dq(DType::float32, q.shape()), dk(DType::float32, k.shape()),
+             dv(DType::float32, v.shape());
+         sdpa::attention_backward(q, k, v, nullptr, out, lse, dout, base, dq.mut(), dk.mut(),
+                                  dv.mut());
+       },
+       "grad_out: expected a data pointer aligned"},
       {"out of the wrong shape",
        [&] {
          Array out(DType::float32, {kB, kH, kL, kEv + 1});

@@ -388,7 +388,8 @@ TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
   std::vector<int32_t> bad_table, short_lens;
   Array other;
   sdpa::TensorRef other_ref;
-  sdpa::Int32TensorRef table2;
+  sdpa::Int32TensorRef table2, lens2;
+  std::vector<int32_t> lens_storage;
   const std::vector<Refusal> refusals = {
       {"block_table", [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&,
                           Array&) { x.table[0] = static_cast<int32_t>(x.num_blocks); }},
@@ -465,6 +466,22 @@ TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
       {"out",
        [&](CacheCase& c, CacheCall&, sdpa::KVCacheOptions&, Array& out) {
          out = Array(c.dtype, {c.batch, c.L, c.Hq, c.Ev + 1});
+       }},
+      {"k",  // a data pointer one byte past an element's boundary
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         other = random_array(c.dtype, {c.batch * c.L_new * c.Hkv * c.E + 1}, 9);
+         other_ref = other.ref();
+         other_ref.data = static_cast<const char*>(other.data()) + 1;
+         other_ref.shape = {c.batch, c.L_new, c.Hkv, c.E};
+         x.inputs.k = &other_ref;
+       }},
+      {"cache_seqlens",  // two bytes past an int32's boundary
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         lens_storage.assign(static_cast<size_t>(c.batch + 1), 0);
+         lens2 = {reinterpret_cast<const int32_t*>(
+                      reinterpret_cast<const char*>(lens_storage.data()) + 2),
+                  {c.batch}};
+         x.inputs.cache_seqlens = &lens2;
        }},
       {"threads", [&](CacheCase&, CacheCall&, sdpa::KVCacheOptions& o, Array&) { o.threads = -1; }},
       {"scale",
