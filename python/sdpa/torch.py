@@ -548,12 +548,17 @@ def _mha_forward(self, query, key, value, key_padding_mask=None, need_weights=Tr
                  attn_mask=None, average_attn_weights=True, is_causal=False):
     """nn.MultiheadAttention.forward through sdpa for the cases it covers (batched 3-D inputs,
     need_weights=False, no bias_k/bias_v, no add_zero_attn, no dropout while training, bool or
-    floating masks); the module's own forward otherwise (which takes uint8 masks, for one)."""
+    floating masks); the module's own forward otherwise (which takes uint8 masks, for one).
+    A floating key_padding_mask together with an attn_mask also takes the module's own forward:
+    PyTorch versions merge the two differently (1.13 ORs its nonzero entries into a bool
+    attn_mask, 2.x adds it), and a patched module computes what the installed PyTorch does."""
     original = type(self).forward
+    float_padding = key_padding_mask is not None and key_padding_mask.dtype != torch.bool
     covered = (not need_weights and query.dim() == 3 and self.bias_k is None
                and not self.add_zero_attn and not (self.training and self.dropout > 0.0)
                and _supported(query, key, value, attn_mask, 0.0)
-               and _mask_supported(key_padding_mask))
+               and _mask_supported(key_padding_mask)
+               and not (float_padding and attn_mask is not None))
     if not covered:
         kwargs = dict(key_padding_mask=key_padding_mask, need_weights=need_weights,
                       attn_mask=attn_mask, average_attn_weights=average_attn_weights)

@@ -332,11 +332,13 @@ def test_patch_multihead_attention(batch_first, masks):
     assert "forward" not in mha.__dict__
 
 
-@pytest.mark.parametrize("which", ["attn_mask", "key_padding_mask"])
+@pytest.mark.parametrize("which", ["attn_mask", "key_padding_mask", "float padding + bool mask",
+                                   "float padding + float mask"])
 def test_patch_falls_back_on_masks_sdpa_does_not_take(which):
     """uint8 masks, which sdpa does not take, run PyTorch's own code in a patched module: the
     same result (PyTorch 1.13 takes a uint8 attn_mask, deprecated, with a warning) or the same
-    error (it refuses a uint8 key_padding_mask)."""
+    error (it refuses a uint8 key_padding_mask). So does a float key_padding_mask beside an
+    attn_mask, which PyTorch versions merge differently: the installed one's bits."""
     import warnings
 
     torch.manual_seed(8)
@@ -346,13 +348,21 @@ def test_patch_falls_back_on_masks_sdpa_does_not_take(which):
     if which == "attn_mask":
         mask = (torch.rand(L, L) < 0.3).to(torch.uint8)  # 1 = do not attend
         mask.fill_diagonal_(0)
-    else:
+        masks = {"attn_mask": mask}
+    elif which == "key_padding_mask":
         mask = torch.zeros(N, L, dtype=torch.uint8)
         mask[1, -2:] = 1
+        masks = {"key_padding_mask": mask}
+    else:
+        padding = torch.zeros(N, L, dtype=torch.float64)
+        padding[1, -2:] = -3.0
+        masks = {"key_padding_mask": padding,
+                 "attn_mask": (~torch.tril(torch.ones(L, L, dtype=torch.bool))
+                               if "bool" in which else torch.randn(L, L, dtype=torch.float64))}
 
     def outcome():
         try:
-            return mha(x, x, x, need_weights=False, **{which: mask})[0]
+            return mha(x, x, x, need_weights=False, **masks)[0]
         except Exception as e:  # noqa: BLE001 (compared below)
             return e
 
