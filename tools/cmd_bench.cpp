@@ -95,10 +95,13 @@ void print_decode(const nlohmann::json& j) {
     }
   }
   std::cout << fmt::format(
-      "  target {}, tiles {} (--kv-tiles {}), keys of rows under a page in {} order "
-      "(--kv-order {}), {} threads, CPU {}, peak RSS {:.0f} MiB\n",
+      "  target {}, tiles {} (--kv-tiles {}), keys in {} (--kv-order {}), {} threads, CPU {}, "
+      "peak RSS {:.0f} MiB\n",
       j["target"].get<std::string>(), j["kv_tiles_copied"].get<bool>() ? "copied" : "read in place",
-      j["kv_tiles"].get<std::string>(), j["kv_order_pages"].get<bool>() ? "page" : "memory",
+      j["kv_tiles"].get<std::string>(),
+      j["kv_page_rows"].get<std::int64_t>() > 1
+          ? fmt::format("page order ({} tiles a group)", j["kv_page_rows"].get<std::int64_t>())
+          : std::string("memory order"),
       j["kv_order"].get<std::string>(), j["threads"].get<int>(), j["cpu"].get<std::string>(),
       j["max_rss_mib"].get<double>());
 }

@@ -539,9 +539,9 @@ nlohmann::json run_decode_bench(const BenchConfig& config) {
   // What the rule chose for these caches (position-major; with one kv head nothing is copied).
   j["kv_tiles"] = config.kv_tiles;
   j["kv_tiles_copied"] = Hkv > 1 && detail::decode_copies_tiles();
-  // The key order's rule, and whether it takes page order on this CPU (where the shape allows).
+  // The key order's rule, and what it gives these sizes: P tiles per group (1: memory order).
   j["kv_order"] = config.kv_order;
-  j["kv_order_pages"] = detail::decode_orders_pages();
+  j["kv_page_rows"] = detail::decode_page_rows(Hkv, E, Ev);
   j["max_rss_mib"] = max_rss_mib();
   return j;
 }

@@ -1043,8 +1043,10 @@ constexpr int64_t kDecodeAheadRows = 12;
 // float32 caches, whose 4 KiB rows are each one page read front to back. In page order the P =
 // 4096 / (row bytes in 16-bit elements) tiles of a group interleave their keys (tile i takes
 // keys i, i + P, ...), so that every page is read front to back, one row after the other, over
-// the group's passes. P is counted in 16-bit elements whatever the cache's dtype, so that a
-// 16-bit cache and its widened float32 copy sum their keys in one order; a group is taken in
+// the group's passes. P comes from the logical sizes alone (decode_page_rows: 16-bit elements
+// whatever the cache's dtype), so that a 16-bit cache and its widened float32 copy, a
+// position-major cache and a head-major one, and a sequence alone or among others whose
+// items split the heads differently, all sum their keys in one order. A group is taken in
 // page order only where every row of the item sees all of its keys (so each of its tiles is
 // whole and seen whole), else in memory order. Measured on an Intel Xeon (family 6 model 167,
 // 48 KiB L1d, AVX3_DL, 2 threads; sdpa_ab_builds, paired calls of the two builds, float32
@@ -1059,9 +1061,12 @@ constexpr int64_t kDecodeAheadRows = 12;
 // without the near prefetches 0.79x (the streamer does not replace them); the far prefetches
 // at every other line (128 bytes) or every fourth 0.80x and 0.86x of none; near prefetches at
 // every other line 0.64x. `sdpa bench --kv-cache --kv-order memory|page` forces either order.
+// Where page order buys nothing it costs little: attention_forward at L 1 over head-major K/V
+// (each head's rows one block) 0.98x at Hkv 8 (E 128 and E 64) and 1.20x at Hkv 2; a
+// position-major cache whose items split the heads (S 4096, batch 1) bfloat16 1.07x, float32
+// 0.99x (paired builds, page order for every item against only where an item held every kv
+// head of a position-major cache).
 // Not measured on AMD's cores, whose rule stays memory order with the far prefetches.
-constexpr int64_t kDecodePageBytes = 4096;
-constexpr int64_t kDecodeMaxPageRows = 16;
 
 // True when rows off[0..n) lie `row` elements apart, one after the other. Unused by the targets
 // whose decode never reads rows in place.
@@ -1399,15 +1404,7 @@ void DecodeT(const DecodeProblem& p) {
     m.pairs = std::is_same_v<Tc, hwy::bfloat16_t> && p.q_bf16 != nullptr && p.E % 32 == 0 &&
               p.Ev % 64 == 0;
 #endif
-    // Page order where the items read whole cache rows of less than a page in 16-bit elements,
-    // whatever the cache's dtype, so that a 16-bit cache and its widened float32 copy take their
-    // keys in the same order ("Page order").
-    const bool whole_rows = m.heads_per_item == p.Hkv && p.k_head == p.E && p.v_head == p.Ev &&
-                            p.k_row == p.Hkv * p.E && p.v_row == p.Hkv * p.Ev;
-    const int64_t row_bytes16 = std::max(p.k_row, p.v_row) * 2;
-    if (decode_orders_pages() && whole_rows && row_bytes16 < kDecodePageBytes) {
-      m.page_rows = std::min(kDecodePageBytes / row_bytes16, kDecodeMaxPageRows);
-    }
+    m.page_rows = decode_page_rows(p.Hkv, p.E, p.Ev);
     m.far_prefetch = m.page_rows == 1 && cpu_vendor() != CpuVendor::intel;
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
@@ -1580,6 +1577,15 @@ bool decode_orders_pages() {
     default:
       return cpu_vendor() == CpuVendor::intel;
   }
+}
+
+std::int64_t decode_page_rows(std::int64_t Hkv, std::int64_t E, std::int64_t Ev) {
+  // Decided by the logical sizes alone, whatever the caches' dtype and layout or the batch's
+  // other sequences, so that none of them changes a row's bits ("Page order" in decode.cpp).
+  constexpr std::int64_t kPageBytes = 4096, kMaxPageRows = 16;
+  const std::int64_t row_bytes16 = std::max<std::int64_t>(Hkv * std::max(E, Ev) * 2, 1);
+  if (!decode_orders_pages() || row_bytes16 >= kPageBytes) return 1;
+  return std::min(kPageBytes / row_bytes16, kMaxPageRows);
 }
 
 std::int64_t decode_chunk_keys(std::int64_t S) {

@@ -123,23 +123,29 @@ DecodeTileRead set_decode_tile_read(DecodeTileRead rule);
 /// rule.
 bool decode_copies_tiles();
 
-/// The order in which the direct path takes the keys of an item that reads whole cache rows
-/// (every kv head of a position) of less than a page (4 KiB): `memory` takes each tile's 16 keys
-/// consecutively; `page` takes groups of P = min(4096 / row bytes, 16) tiles together, tile i of
-/// a group holding the group's keys i, i + P, i + 2 P, ..., so that every kv head's pass over a
-/// tile reads each page's bytes front to back, as the hardware prefetchers follow them.
-/// `automatic` takes page order on Intel CPUs and memory order elsewhere (decode.cpp, "Page
-/// order", gives the measurements behind the rule). Keys are summed in the order taken, so the
-/// two orders agree to rounding, not bit for bit; either order is the same for every thread
-/// count, and reading tiles in place or from a copy never changes it.
+/// The order in which the direct path takes the keys where a position's keys of every kv head,
+/// counted in 16-bit elements, take less than a page (4 KiB; decode_page_rows): `memory` takes
+/// each tile's 16 keys consecutively; `page` takes groups of P tiles together, tile i of a group
+/// holding the group's keys i, i + P, i + 2 P, ..., so that in a position-major cache every kv
+/// head's pass over a tile reads each page's bytes front to back, as the hardware prefetchers
+/// follow them. `automatic` takes page order on Intel CPUs and memory order elsewhere
+/// (decode.cpp, "Page order", gives the measurements behind the rule). Keys are summed in the
+/// order taken, so the two orders agree to rounding, not bit for bit; either order is the same
+/// for every thread count, layout, tile read and cache dtype, and for any other sequences in the
+/// batch.
 enum class DecodeKeyOrder { automatic, memory, page };
 
 /// Sets the rule for the calls that start after it (benchmarks and tests); returns the previous
 /// rule.
 DecodeKeyOrder set_decode_key_order(DecodeKeyOrder rule);
 
-/// Whether a direct-path call over a position-major cache may take page order under the current
-/// rule.
+/// Whether the current rule takes page order (where the sizes allow: decode_page_rows).
 bool decode_orders_pages();
+
+/// P, the tiles of a page-order group, for a call with these sizes under the current rule: 1
+/// (memory order) unless the rule takes page order and Hkv * max(E, Ev) <= 1024; then
+/// min(2048 / (Hkv * max(E, Ev)), 16). The same whatever the caches' dtype and layout, the
+/// batch and the thread count.
+std::int64_t decode_page_rows(std::int64_t Hkv, std::int64_t E, std::int64_t Ev);
 
 }  // namespace sdpa::detail

@@ -1243,9 +1243,10 @@ std::vector<CacheCase> page_order_cases() {
 // Page order (DecodeKeyOrder), each order forced, on every compiled target, over float32 and
 // 16-bit caches: the accuracy rule against the float64 reference; copied and in-place tiles, 1
 // and 3 threads bit-identical; a 16-bit cache equal to its widened float32 copy (the order does
-// not depend on the dtype); all-bfloat16 calls (the pairs where the target has them) within
-// the rule; and the two orders differing somewhere where the target has the direct path, so that
-// page order was taken.
+// not depend on the dtype); each sequence of a contiguous cache alone giving its rows of the
+// batch's call (nor on the other sequences); all-bfloat16 calls (the pairs where the target has
+// them) within the rule; and the two orders differing somewhere where the target has the direct
+// path, so that page order was taken.
 TEST(Decode, PageOrderKeepsEveryGuarantee) {
   namespace d = sdpa::detail;
   struct Restore {
@@ -1293,6 +1294,33 @@ TEST(Decode, PageOrderKeepsEveryGuarantee) {
             check_against_reference(c, x, first);
             by_order[page] =
                 Result{first.out.astype(DType::float32), first.lse.astype(DType::float32)};
+            if (c.page == 0 && c.L_new == 0) {
+              // Each sequence of a contiguous cache alone gives its rows of the batch's call:
+              // the order never depends on the other sequences.
+              for (int64_t b : {int64_t{0}, c.batch - 1}) {
+                CacheCase one = c;
+                one.batch = 1;
+                one.seqlens = {c.seqlens[static_cast<size_t>(b)]};
+                CacheCall y = make_call(one);
+                const auto slice = [b](const Array& from, Array& to) {
+                  const size_t n = to.nbytes();
+                  std::memcpy(to.data(), static_cast<const char*>(from.data()) + b * n, n);
+                };
+                slice(x.q, y.q);
+                slice(x.k_cache, y.k_cache);
+                slice(x.v_cache, y.v_cache);
+                const Result alone = run_kvcache(one, y);
+                const size_t on = alone.out.nbytes(), ln = alone.lse.nbytes();
+                EXPECT_EQ(std::memcmp(alone.out.data(),
+                                      static_cast<const char*>(first.out.data()) + b * on, on),
+                          0)
+                    << "sequence " << b << " alone";
+                EXPECT_EQ(std::memcmp(alone.lse.data(),
+                                      static_cast<const char*>(first.lse.data()) + b * ln, ln),
+                          0)
+                    << "sequence " << b << " alone, lse";
+              }
+            }
             continue;
           }
           // The same call over float32 caches holding the 16-bit values, widened.

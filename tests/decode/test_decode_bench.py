@@ -82,15 +82,21 @@ check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles_copied"] is False,
 r = run(*tiny, "--kv-seq", "300")
 check(r.returncode == 0 and json.loads(r.stdout)["kv_tiles"] == "auto", "bench: --kv-tiles auto")
 
-# --kv-order: each rule is reported; forcing one decides the order (the orders agree to
-# rounding, so the outputs are not compared here: tests/decode/test_decode.cpp does).
-for rule, pages in (("memory", False), ("page", True)):
-    r = run(*tiny, "--kv-seq", "300", "--kv-order", rule)
+# --kv-order: the rule and the group it gives the sizes (P = min(2048 / (Hkv E), 16) tiles, 1
+# for memory order) are reported; the orders agree to rounding, so the outputs are compared in
+# tests/decode/test_decode.cpp, not here.
+for rule, heads, dim, groups in (("memory", 2, 16, 1), ("page", 2, 16, 16), ("page", 8, 64, 4),
+                                 ("page", 8, 128, 2), ("page", 8, 256, 1)):
+    args = list(tiny)
+    args[args.index("--kv-heads") + 1] = str(heads)
+    args[args.index("--heads") + 1] = str(heads)
+    args[args.index("--dim") + 1] = str(dim)
+    r = run(*args, "--kv-seq", "300", "--kv-order", rule)
     check(r.returncode == 0, f"bench --kv-order {rule} exit {r.returncode}: {r.stderr}")
     if r.returncode == 0:
         j = json.loads(r.stdout)
-        check(j["kv_order"] == rule and j["kv_order_pages"] is pages,
-              f"bench --kv-order {rule}: {j['kv_order']} {j['kv_order_pages']}")
+        check(j["kv_order"] == rule and j["kv_page_rows"] == groups,
+              f"bench --kv-order {rule} Hkv {heads} E {dim}: {j['kv_order']} {j['kv_page_rows']}")
 
 r = run("--peak", "--json")
 check(r.returncode == 0 and json.loads(r.stdout)["read_gbps"] > 0, "bench --peak --json read_gbps")

@@ -22,6 +22,7 @@
 #include "core/layout.h"
 #include "core/problem.h"
 #include "hwy/highway.h"
+#include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "sdpa/sdpa.h"
@@ -345,9 +346,20 @@ TEST(StridedKernels, EveryCompiledTarget) {
                           Causal::upper_left, "float64, gqa");
     check_packed_qkv<float>(2, 3, 70, 32, Causal::upper_left);
     // Decode-sized queries (L <= 16) take the decode kernel in the forward: its direct path
-    // (E a multiple of the lanes, Ev of 64 floats on every target) and its packed one.
-    check_strided<float>({2, 8, 2, 1, 300, 64, 64}, Layout::blhe, Layout::blhe, Impl::fast,
-                         Causal::lower_right, "decode, direct, gqa");
+    // (E a multiple of the lanes, Ev of 64 floats on every target) and its packed one. The
+    // direct path in both key orders (decode.h, DecodeKeyOrder): a (B, S, H, E) view and its
+    // head-major copy take the same order (16 tiles a group at Hkv 2, E 64, and 2 at Hkv 8,
+    // E 128), with 16 sequences too, where the view's items hold every kv head.
+    for (auto order : {sdpa::detail::DecodeKeyOrder::memory, sdpa::detail::DecodeKeyOrder::page}) {
+      sdpa::detail::set_decode_key_order(order);
+      check_strided<float>({2, 8, 2, 1, 300, 64, 64}, Layout::blhe, Layout::blhe, Impl::fast,
+                           Causal::lower_right, "decode, direct, gqa");
+      check_strided<float>({16, 8, 2, 1, 300, 64, 64}, Layout::blhe, Layout::blhe, Impl::fast,
+                           Causal::none, "decode, direct, gqa, 16 sequences");
+      check_strided<float>({16, 32, 8, 2, 70, 128, 128}, Layout::blhe, Layout::blhe, Impl::fast,
+                           Causal::lower_right, "decode, direct, 8 kv heads, 16 sequences");
+    }
+    sdpa::detail::set_decode_key_order(sdpa::detail::DecodeKeyOrder::automatic);
     check_strided<float>({2, 4, 4, 5, 135, 24, 40}, Layout::bhle_padded, Layout::bhle_padded,
                          Impl::fast, Causal::upper_left, "decode, packed, padded rows");
     check_strided<float>({1, 4, 4, 3, 200, 64, 64}, Layout::blhe, Layout::broadcast_heads,
