@@ -590,14 +590,12 @@ def _mha_forward(self, query, key, value, key_padding_mask=None, need_weights=Tr
         kp = ~kp if kp.dtype == torch.bool else kp
         if mask is None:
             mask = kp
-        elif mask.dtype == torch.bool and kp.dtype == torch.bool:
+        elif mask.dtype == torch.bool:  # kp is bool too (a float one beside a mask falls back)
             mask = mask & kp
         else:
-            def additive(m):
-                if m.dtype != torch.bool:
-                    return m.to(q.dtype)
-                return torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, -math.inf)
-            mask = additive(mask) + additive(kp)
+            # A float attn_mask and a bool key_padding_mask: -inf at every padded key, whatever
+            # the attn_mask holds there (+inf, NaN), as PyTorch 1.13's masked_fill gives.
+            mask = torch.where(kp, mask.to(q.dtype), torch.tensor(-math.inf, dtype=q.dtype))
     out = scaled_dot_product_attention(q, k, v, mask, is_causal=bool(is_causal) and mask is None)
     out = out.transpose(1, 2).reshape(N, L, D)
     out = _F.linear(out, self.out_proj.weight, self.out_proj.bias)

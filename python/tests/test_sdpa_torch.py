@@ -305,7 +305,7 @@ def test_use_routes_functional():
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
-@pytest.mark.parametrize("masks", ["none", "bool", "float+padding"])
+@pytest.mark.parametrize("masks", ["none", "bool", "float+padding", "float with inf and nan+padding"])
 def test_patch_multihead_attention(batch_first, masks):
     torch.manual_seed(7)
     E, H, N, L = 16, 4, 2, 6
@@ -314,10 +314,13 @@ def test_patch_multihead_attention(batch_first, masks):
     kwargs = {"need_weights": False}
     if masks == "bool":
         kwargs["attn_mask"] = ~torch.tril(torch.ones(L, L, dtype=torch.bool))  # True = blocked
-    elif masks == "float+padding":
+    elif masks.endswith("+padding"):
         kwargs["attn_mask"] = torch.randn(L, L, dtype=torch.float64)
+        if "inf" in masks:  # +inf and NaN at keys the padding removes: -inf there all the same
+            kwargs["attn_mask"][:, -1] = math.inf
+            kwargs["attn_mask"][0, -2] = math.nan
         pad = torch.zeros(N, L, dtype=torch.bool)
-        pad[1, -2:] = True
+        pad[:, -2:] = True
         kwargs["key_padding_mask"] = pad
     theirs = mha(x, x, x, **kwargs)[0]
     g_theirs = torch.autograd.grad(theirs.sum(), mha.in_proj_weight)[0]
