@@ -164,12 +164,19 @@ Resolved resolve(const TensorRef& q, const TensorRef& k_cache, const TensorRef& 
                   fmt::format("expected page_size >= 1 at dimension 1, got shape {}",
                               shape_string(k_cache.shape)));
     }
-    detail::check_data(bt.data, sizeof(std::int32_t), bt.shape[0] * bt.shape[1] > 0, "block_table");
+    const std::int64_t entries = checked_numel(bt.shape, sizeof(std::int32_t), "block_table");
+    detail::check_data(bt.data, sizeof(std::int32_t), entries > 0, "block_table");
     r.num_blocks = k_cache.shape[0];
     d.page_size = k_cache.shape[1];
     d.max_blocks = bt.shape[1];
     d.block_table = bt.data;
-    r.capacity = d.max_blocks * d.page_size;
+    // Rows a sequence can address: max_blocks pages of page_size rows each.
+    if (__builtin_mul_overflow(d.max_blocks, d.page_size, &r.capacity)) {
+      throw Error(ErrorKind::bad_shape, "block_table",
+                  fmt::format("expected max_blocks * page_size within 64 bits, got {} blocks of "
+                              "{} rows",
+                              d.max_blocks, d.page_size));
+    }
   } else {
     check_dim(k_cache, 0, d.batch, "k_cache", "q's batch");
     r.capacity = k_cache.shape[1];

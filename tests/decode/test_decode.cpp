@@ -457,6 +457,11 @@ TEST(KVCache, RefusedCallsLeaveTheCacheByteIdentical) {
          table2 = {x.table.data(), {c.batch + 1, x.max_blocks / 2}};
          x.inputs.block_table = &table2;
        }},
+      {"block_table",  // max_blocks * page_size past 64 bits
+       [&](CacheCase& c, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
+         table2 = {x.table.data(), {c.batch, int64_t{1} << 59}};
+         x.inputs.block_table = &table2;
+       }},
       {"block_table",  // both sequences would append into the same cache row
        [&](CacheCase&, CacheCall& x, sdpa::KVCacheOptions&, Array&) {
          x.seqlens[0] = 5;
