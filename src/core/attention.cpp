@@ -203,16 +203,20 @@ Impl effective_impl(const detail::Problem& p, Impl requested, const void* grad_o
   return requested;
 }
 
-// True when the fused kernel serves this call on its 16-bit operands where they lie (it widens
-// them exactly while packing, core/problem.h's views): plain attention (the variants run on
-// float32 copies), not decode-sized (the decode adapter reads float32 C order), every view
-// flattenable, and no intermediate that could pass float32's range (bfloat16 holds 3e38; such a
-// call goes through float32 copies, whose own guard hands it to the reference). grad_out: as
-// for float32_may_overflow (the backward's check), or null for the forward.
+// True when the fused or the decode kernel serves this call on its 16-bit operands where they
+// lie (the fused kernel widens them exactly while packing, core/problem.h's views; the decode
+// kernel widens K and V in registers and its few query rows into float32): plain attention (the
+// variants run on float32 copies), every view flattenable, and no intermediate that could pass
+// float32's range (bfloat16 holds 3e38; such a call goes through float32 copies, whose own guard
+// hands it to the reference). grad_out: as for float32_may_overflow (the backward's check), or
+// null for the forward.
 bool fast_reads_16bit(const detail::Problem& p, const AttentionOptions& options,
                       const void* grad_out = nullptr) {
   if (options.impl != Impl::fast || p.variants.any()) return false;
-  if (grad_out == nullptr && detail::decode_applies(p)) return false;
+  // The decode kernel (K and V of one dtype, as its caches) verifies its results itself and
+  // recomputes the rows that overflowed (effective_impl): the bound below would read all of K
+  // and V once more.
+  if (grad_out == nullptr && detail::decode_applies(p)) return p.k.dtype == p.v.dtype;
   if (p.q.data == nullptr || p.k.data == nullptr || p.v.data == nullptr) return false;
   return !detail::float32_may_overflow(p, grad_out);
 }
@@ -272,7 +276,9 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
   // 16-bit inputs that the kernel serving the call does not read itself (core/half_attention.h).
-  const bool native = fast_reads_16bit(checked, options);
+  const bool half_inputs =
+      detail::is_16bit(query.dtype) || detail::is_16bit(key.dtype) || detail::is_16bit(value.dtype);
+  const bool native = half_inputs && fast_reads_16bit(checked, options);
   if (detail::needs_half_path(query, key, value, mask, native)) {
     detail::half_forward(query, key, value, mask, options, out, lse, native);
     return;

@@ -72,6 +72,7 @@
 #include <type_traits>
 
 #include "core/half.h"
+#include "core/half_attention.h"
 #include "kernels/cpu_vendor.h"
 #include "kernels/flash_common.h"
 #include "kernels/gemm_bf16.h"
@@ -1735,7 +1736,29 @@ bool decode_applies(const Problem& p) {
 void decode_forward(const Problem& p) {
   DecodeProblem d;
   d.dtype = p.dtype;
-  d.kv_dtype = p.dtype;
+  d.kv_dtype = p.k.dtype;  // the same as p.v.dtype (the caller's rule, fast_reads_16bit)
+  // 16-bit K and V are read where they lie, widened in registers as a 16-bit cache is. A 16-bit
+  // query's few rows are widened into float32 (C order) and out is formed in float32, then
+  // rounded once into its dtype. The same bits as float32 inputs holding the widened values.
+  const bool half = is_16bit(p.q.dtype);
+  if (is_16bit(d.kv_dtype)) d.dtype = DType::float32;
+  std::vector<float> q32, out32;
+  if (half) {
+    q32.resize(static_cast<std::size_t>(p.B * p.Hq * p.L * p.E));
+    out32.resize(static_cast<std::size_t>(p.B * p.Hq * p.L * p.Ev));
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      for (std::int64_t h = 0; h < p.Hq; ++h) {
+        for (std::int64_t l = 0; l < p.L; ++l) {
+          const auto* src = p.q.row<std::uint16_t>(b, h, l);
+          float* dst = q32.data() + ((b * p.Hq + h) * p.L + l) * p.E;
+          for (std::int64_t e = 0; e < p.E; ++e) {
+            dst[e] =
+                p.q.dtype == DType::float16 ? float16_to_float(src[e]) : bfloat16_to_float(src[e]);
+          }
+        }
+      }
+    }
+  }
   d.batch = p.B;
   d.Hq = p.Hq;
   d.Hkv = p.Hkv;
@@ -1747,14 +1770,14 @@ void decode_forward(const Problem& p) {
   d.threads = p.threads;
   // Every operand through its view (core/problem.h): rows of E (Ev) contiguous elements, any
   // batch, head and row strides, so (B, L, H, E) views and broadcast heads are read in place.
-  d.q = p.q.data;
-  d.q_sl = p.q.sl;
-  d.q_sh = p.q.sh;
-  d.q_sb = p.q.sb;
-  d.out = p.out.data;
-  d.o_sl = p.out.sl;
-  d.o_sh = p.out.sh;
-  d.o_sb = p.out.sb;
+  d.q = half ? q32.data() : p.q.data;
+  d.q_sl = half ? p.E : p.q.sl;
+  d.q_sh = half ? p.L * p.E : p.q.sh;
+  d.q_sb = half ? p.Hq * p.L * p.E : p.q.sb;
+  d.out = half ? out32.data() : p.out.data;
+  d.o_sl = half ? p.Ev : p.out.sl;
+  d.o_sh = half ? p.L * p.Ev : p.out.sh;
+  d.o_sb = half ? p.Hq * p.L * p.Ev : p.out.sb;
   d.lse = p.lse.data;
   d.lse_sl = p.lse.sl;
   d.lse_sh = p.lse.sh;
@@ -1772,6 +1795,19 @@ void decode_forward(const Problem& p) {
   d.seq_lens.assign(static_cast<std::size_t>(p.B), p.S);
   d.mask_problem = p.mask.present ? &p : nullptr;
   decode_forward(d);
+  if (!half) return;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      for (std::int64_t l = 0; l < p.L; ++l) {
+        const float* src = out32.data() + ((b * p.Hq + h) * p.L + l) * p.Ev;
+        auto* dst = p.out.row<std::uint16_t>(b, h, l);
+        for (std::int64_t e = 0; e < p.Ev; ++e) {
+          dst[e] =
+              p.out.dtype == DType::float16 ? float_to_float16(src[e]) : float_to_bfloat16(src[e]);
+        }
+      }
+    }
+  }
 }
 
 const char* decode_kernel_target() { return HWY_DYNAMIC_DISPATCH(DecodeTargetName)(); }

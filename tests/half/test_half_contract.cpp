@@ -19,12 +19,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/test_util.h"
 #include "core/half_attention.h"
 #include "hwy/targets.h"
+#include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm_bf16.h"
 #include "sdpa/array.h"
@@ -329,6 +332,74 @@ TEST(HalfContractThreads, IdenticalForEveryThreadCount) {
       }
     }
   }
+}
+
+// Decode-sized calls (L <= 16) read their 16-bit K and V where they lie (the decode kernel
+// widens them in registers): out is the float32 call on the widened values rounded once, lse
+// that call's lse, bit for bit, on every compiled target: uniform and mixed dtypes (a float32
+// or bfloat16 query), GQA, both causal alignments, a bool
+// and a float32 mask, (B, L, H, E) views, and the page order of the decode's keys
+// (docs/kernel.md) forced both ways.
+TEST(HalfDecode, DecodeSizedCallsEqualTheirWidenedFloat32) {
+  const std::int64_t B = 2, Hq = 8, Hkv = 2, S = 300, E = 64;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (auto order : {sdpa::detail::DecodeKeyOrder::memory, sdpa::detail::DecodeKeyOrder::page}) {
+      sdpa::detail::set_decode_key_order(order);
+      std::uint64_t seed = 900;
+      // (query, key and value): uniform, and the mixed pairs the dtype rule takes.
+      const std::pair<DType, DType> pairs[] = {{DType::bfloat16, DType::bfloat16},
+                                               {DType::float16, DType::float16},
+                                               {DType::float32, DType::bfloat16},
+                                               {DType::float32, DType::float16},
+                                               {DType::bfloat16, DType::float16}};
+      for (const auto& [qd, d] : pairs) {
+        for (const std::int64_t L : {1, 5, 16}) {
+          for (int variant = 0; variant < 4; ++variant) {
+            SCOPED_TRACE(testing::Message()
+                         << sdpa::dtype_name(qd) << "/" << sdpa::dtype_name(d) << " L " << L
+                         << " variant " << variant << " target " << hwy::TargetName(target)
+                         << " order " << static_cast<int>(order));
+            // variant 0: (B, L, H, E) views, causal lower-right; 1: a bool mask; 2: a float32
+            // mask, causal upper-left; 3: C order, no mask.
+            const bool views = variant == 0;
+            const Array q = sdpa::test::random_array(qd, {B, L, Hq, E}, seed++);
+            const Array k = sdpa::test::random_array(d, {B, S, Hkv, E}, seed++);
+            const Array v = sdpa::test::random_array(d, {B, S, Hkv, E}, seed++);
+            const auto ref = [&](const Array& a, std::int64_t H, std::int64_t n) {
+              if (views) {
+                return sdpa::TensorRef{a.data(), a.dtype(), {B, H, n, E}, {n * H * E, E, H * E, 1}};
+              }
+              return sdpa::TensorRef{a.data(), a.dtype(), {B, H, n, E}};
+            };
+            std::optional<Array> mask;
+            if (variant == 1) mask = sdpa::test::random_array(DType::boolean, {B, 1, L, S}, seed++);
+            if (variant == 2) mask = sdpa::test::random_array(DType::float32, {L, S}, seed++);
+            const sdpa::TensorRef mref = mask ? mask->ref() : sdpa::TensorRef{};
+            sdpa::AttentionOptions o;
+            o.enable_gqa = true;
+            o.causal = variant == 0   ? Causal::lower_right
+                       : variant == 2 ? Causal::upper_left
+                                      : Causal::none;
+            Array out(qd, {B, Hq, L, E}), lse(DType::float32, {B, Hq, L});
+            const sdpa::MutableTensorRef lse_m = lse.mut();
+            sdpa::attention_forward(ref(q, Hq, L), ref(k, Hkv, S), ref(v, Hkv, S),
+                                    mask ? &mref : nullptr, o, out.mut(), &lse_m);
+            const Array q32 = q.astype(DType::float32), k32 = k.astype(DType::float32),
+                        v32 = v.astype(DType::float32);
+            Array out32(DType::float32, {B, Hq, L, E}), lse32(DType::float32, {B, Hq, L});
+            const sdpa::MutableTensorRef lse32_m = lse32.mut();
+            sdpa::attention_forward(ref(q32, Hq, L), ref(k32, Hkv, S), ref(v32, Hkv, S),
+                                    mask ? &mref : nullptr, o, out32.mut(), &lse32_m);
+            EXPECT_TRUE(bit_identical(out, out32.astype(qd))) << "out";
+            EXPECT_TRUE(bit_identical(lse, lse32)) << "lse";
+          }
+        }
+      }
+    }
+  }
+  sdpa::detail::set_decode_key_order(sdpa::detail::DecodeKeyOrder::automatic);
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // A (B, L, H, E) view of 16-bit data gives the bits of the same data in C order.
