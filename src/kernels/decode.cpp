@@ -246,6 +246,8 @@ struct Dims {
   // taking its keys i, i + page_rows, ... (1: each tile's keys consecutive; "Page order").
   int64_t page_rows;
   bool far_prefetch;  // the far prefetches of 16-bit caches (kDecodeAheadTiles) are issued
+  // Items of one kv head take the near prefetches too (the next tile's rows of their head).
+  bool near_one_head;
   // The copied tile: each head's kDecodeTile rows of Epad (Evpad) elements of the cache's
   // dtype, then one cache line of padding (CopyLayout).
   int64_t kcopy_head, vcopy_head;
@@ -1187,7 +1189,7 @@ void DecodeItemDirect(const DecodeProblem& p, const Dims& m, const Item& it, con
     const bool runs = whole_rows && n_pf > 0 && Consecutive(ko_pf, n_pf, p.k_row) &&
                       Consecutive(vo_pf, n_pf, p.v_row);
     // The near prefetches' rows of the next tile (for the item's first head).
-    const bool near = !m.copy_tiles && it.nh > 1;
+    const bool near = !m.copy_tiles && (it.nh > 1 || m.near_one_head);
     const int64_t n_next = near ? std::clamp<int64_t>(end - (s0 + kDecodeTile), 0, kDecodeTile) : 0;
     tile_rows(s0 + kDecodeTile, n_next, ko_next, vo_next);
     if (m.copy_tiles) {
@@ -1407,6 +1409,10 @@ void DecodeT(const DecodeProblem& p) {
 #endif
     m.page_rows = decode_page_rows(p.Hkv, p.E, p.Ev);
     m.far_prefetch = m.page_rows == 1 && cpu_vendor() != CpuVendor::intel;
+    // Measured on Intel only (docs/kernel.md, "Page order"): attention_forward at L 1 over
+    // head-major K/V (one kv head per item) 1.13x float32, 1.32x bfloat16; the KV cache at Hkv 1
+    // 0.99-1.00x.
+    m.near_one_head = cpu_vendor() == CpuVendor::intel;
   }
   m.rows_per_item = m.heads_per_item * m.G * m.L;
   const int64_t rows = p.Hq * p.L;  // rows of one partial slot (every head of one chunk)
