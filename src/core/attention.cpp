@@ -276,9 +276,7 @@ void attention_forward(const TensorRef& query, const TensorRef& key, const Tenso
   // tensor may declare in the billions (query (2^40, 0) is valid and holds no data).
   if (out.numel() == 0 && (lse == nullptr || lse->numel() == 0)) return;
   // 16-bit inputs that the kernel serving the call does not read itself (core/half_attention.h).
-  const bool half_inputs =
-      detail::is_16bit(query.dtype) || detail::is_16bit(key.dtype) || detail::is_16bit(value.dtype);
-  const bool native = half_inputs && fast_reads_16bit(checked, options);
+  const bool native = detail::any_16bit(query, key, value) && fast_reads_16bit(checked, options);
   if (detail::needs_half_path(query, key, value, mask, native)) {
     detail::half_forward(query, key, value, mask, options, out, lse, native);
     return;
@@ -388,9 +386,7 @@ void attention_backward(const TensorRef& query, const TensorRef& key, const Tens
   }
   if (detail::needs_half_path(query, key, value, mask, native)) {
     if (grad_sinks != nullptr) {
-      const bool inputs_16bit = detail::is_16bit(query.dtype) || detail::is_16bit(key.dtype) ||
-                                detail::is_16bit(value.dtype);
-      if (inputs_16bit) {
+      if (detail::any_16bit(query, key, value)) {
         throw Error(ErrorKind::bad_type, "grad_sinks",
                     "expected float32 or float64 inputs, got a half-precision query, key or "
                     "value");

@@ -96,10 +96,6 @@ class Staged {
   TensorRef ref_;
 };
 
-bool any_16bit(const TensorRef& q, const TensorRef& k, const TensorRef& v) {
-  return is_16bit(q.dtype) || is_16bit(k.dtype) || is_16bit(v.dtype);
-}
-
 }  // namespace
 
 Array converted_copy(const TensorRef& t, DType dtype) {

@@ -22,6 +22,11 @@ namespace sdpa::detail {
 
 inline bool is_16bit(DType d) { return d == DType::float16 || d == DType::bfloat16; }
 
+/// Whether any of query, key and value is 16-bit.
+inline bool any_16bit(const TensorRef& q, const TensorRef& k, const TensorRef& v) {
+  return is_16bit(q.dtype) || is_16bit(k.dtype) || is_16bit(v.dtype);
+}
+
 /// The dtype of lse for a query of dtype `query`: float32 for 16-bit queries, else the query's.
 inline DType lse_dtype(DType query) { return is_16bit(query) ? DType::float32 : query; }
 
